@@ -1,0 +1,1 @@
+"""dsgpt: GPT-2 pretraining under the DeepSpeed engine."""

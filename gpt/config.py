@@ -1,0 +1,137 @@
+"""Run settings: the command line, the DeepSpeed JSON, and one validation pass that reports every problem.
+
+Derived values (model shape, gradient accumulation) are computed here, once, before any process group
+or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
+"""
+import argparse
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from gpt.data import DataError, find_shards
+from gpt.model import PRESETS
+
+GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
+
+
+class ConfigError(ValueError):
+    """One or more problems with the run's settings, one per line."""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Pretrain GPT-2 with DeepSpeed.")
+    p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json", help="DeepSpeed JSON (ds_configs/)")
+    p.add_argument("--model", default="d12", choices=sorted(PRESETS), help="size preset")
+    p.add_argument("--n_layer", type=int, help="override the preset's layer count")
+    p.add_argument("--n_embd", type=int, help="override the preset's width")
+    p.add_argument("--n_head", type=int, help="override the preset's head count")
+    p.add_argument("--vocab_size", type=int, default=50304, help="GPT-2's 50257 padded to a multiple of 128")
+    p.add_argument("--seq_len", type=int, default=1024, help="tokens per sequence (<= block_size)")
+    p.add_argument("--micro_batch", type=int, default=16, help="sequences per rank per forward pass")
+    p.add_argument("--total_batch_tokens", type=int, default=GPT3_TOKENS_PER_STEP,
+                   help="tokens per optimizer step over all ranks; sets gradient accumulation")
+    p.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 0.5M = 10B tokens)")
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
+    p.add_argument("--warmup_steps", type=int, default=715, help="linear warmup steps")
+    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="cosine decays to lr x this")
+    p.add_argument("--weight_decay", type=float, default=0.1, help="on matrices and embeddings only")
+    p.add_argument("--data", default="data/shakespeare", help="directory of *_train_*.bin / *_val_*.bin shards")
+    p.add_argument("--out_dir", default="runs/dsgpt", help="TensorBoard events and metrics.jsonl")
+    p.add_argument("--val_every", type=int, default=250, help="validation loss every N steps (0: off)")
+    p.add_argument("--val_batches", type=int, default=20, help="micro-batches per rank per validation")
+    p.add_argument("--sample_every", type=int, default=1000, help="print samples every N steps (0: off)")
+    p.add_argument("--sample_tokens", type=int, default=64, help="new tokens per sample")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--cpu_fp16", action="store_true",
+                   help="let fp16 configs run on the CPU accelerator (testing the loss-scaling path); "
+                        "refused on GPUs")
+    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+                   help="set by the deepspeed launcher")
+    return p
+
+
+def load_ds_config(path):
+    """The DeepSpeed JSON as a dict, or a one-line reason why not."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: DeepSpeed config not found")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return config
+
+
+def precision(ds_config):
+    """'bf16', 'fp16' or 'fp32' as the DeepSpeed config selects."""
+    enabled = [k for k in ("bf16", "fp16") if ds_config.get(k, {}).get("enabled", False)]
+    return enabled[0] if enabled else "fp32"
+
+
+def uses_activation_checkpointing(ds_config):
+    """DeepSpeed's `activation_checkpointing` block only configures its checkpoint API; the block's
+    presence is our switch to checkpoint every transformer block."""
+    return "activation_checkpointing" in ds_config
+
+
+def model_config(args):
+    preset = PRESETS[args.model]
+    overrides = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head") if getattr(args, k) is not None}
+    return replace(preset, vocab_size=args.vocab_size, **overrides)
+
+
+def gradient_accumulation(args, world_size):
+    tokens_per_micro_step = args.micro_batch * args.seq_len * world_size
+    if args.total_batch_tokens % tokens_per_micro_step:
+        raise ConfigError(
+            f"--total_batch_tokens {args.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
+            f"= {args.micro_batch} x {args.seq_len} x {world_size} = {tokens_per_micro_step}")
+    return args.total_batch_tokens // tokens_per_micro_step
+
+
+def validate(args, world_size):
+    """Check everything that can be checked before launch; raise one ConfigError listing every problem.
+    Returns (ds_config, model_config, grad_accum)."""
+    problems, ds_config, grad_accum = [], None, None
+    try:
+        ds_config = load_ds_config(args.ds_config)
+        if all(ds_config.get(k, {}).get("enabled", False) for k in ("bf16", "fp16")):
+            problems.append(f"{args.ds_config}: fp16 and bf16 are both enabled; choose one")
+        elif precision(ds_config) == "fp16" and ds_config.get("zero_optimization", {}).get("stage", 0) == 0:
+            # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
+            # grad norms and clipping come out wrong by the loss scale.
+            problems.append(f"{args.ds_config}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)")
+    except ConfigError as e:
+        problems.append(str(e))
+    mconfig = model_config(args)
+    if mconfig.n_embd % mconfig.n_head:
+        problems.append(f"n_embd {mconfig.n_embd} is not divisible by n_head {mconfig.n_head}")
+    if args.seq_len > mconfig.block_size:
+        problems.append(f"--seq_len {args.seq_len} exceeds the model's block_size {mconfig.block_size} ({args.model})")
+    if mconfig.vocab_size < 50257:
+        problems.append(f"--vocab_size {mconfig.vocab_size} is smaller than GPT-2's 50257 tokens")
+    for name in ("seq_len", "micro_batch", "total_batch_tokens", "max_steps"):
+        if getattr(args, name) <= 0:
+            problems.append(f"--{name} must be positive (got {getattr(args, name)})")
+    if not 0 <= args.min_lr_ratio <= 1:
+        problems.append(f"--min_lr_ratio {args.min_lr_ratio} must lie in [0, 1]")
+    if args.warmup_steps < 0 or args.warmup_steps > args.max_steps:
+        problems.append(f"--warmup_steps {args.warmup_steps} must lie in [0, --max_steps {args.max_steps}]")
+    if min(args.seq_len, args.micro_batch, args.total_batch_tokens) > 0:
+        try:
+            grad_accum = gradient_accumulation(args, world_size)
+        except ConfigError as e:
+            problems.append(str(e))
+    for split in ("train", "val"):
+        try:
+            find_shards(args.data, split)
+        except DataError as e:
+            problems.append(str(e))
+            break
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return ds_config, mconfig, grad_accum

@@ -1,0 +1,131 @@
+"""Everything DeepSpeed: process group, config filling, the engine, precision switches, step statistics."""
+import copy
+import math
+import os
+import socket
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from gpt.config import uses_activation_checkpointing
+
+
+def launched_rank():
+    """This process's rank as the launcher (deepspeed, torchrun) set it; 0 for a plain `python` run."""
+    return int(os.environ.get("RANK", 0))
+
+
+def launched_world_size():
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def rank():
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size():
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_distributed(allow_cpu_fp16=False):
+    """Join the process group (NCCL on GPUs, gloo on CPU) and return this rank's device. A plain
+    `python train_ds.py` becomes a one-rank group, so the same code path serves every launch."""
+    if "RANK" not in os.environ:  # no launcher: a single local process
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu":
+        # Each rank would otherwise start one thread per core: 2 ranks on 2 cores oversubscribe.
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+        if allow_cpu_fp16:
+            enable_cpu_fp16()
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
+        torch.backends.cudnn.allow_tf32 = True
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    accelerator.set_device(local_rank)
+    return torch.device(accelerator.device_name(local_rank))
+
+
+def enable_cpu_fp16():
+    """Let DeepSpeed run fp16 configs on its CPU accelerator, which refuses fp16 where oneDNN lacks fp16
+    kernels. Only for exercising the fp16 loss-scaling path without a GPU; refused on anything else."""
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        raise RuntimeError("--cpu_fp16 is only for the CPU accelerator; GPUs run fp16 natively")
+    accelerator.is_fp16_supported = lambda: True
+
+
+def lr_at(step, max_lr, warmup_steps, max_steps, min_lr_ratio):
+    """GPT-3 / llm.c schedule: linear warmup from max_lr/warmup_steps to max_lr, then cosine decay to
+    max_lr * min_lr_ratio at max_steps. (DeepSpeed's WarmupCosineLR starts warmup at 0 and shifts the
+    cosine by one step, so it is not this schedule.)"""
+    min_lr = max_lr * min_lr_ratio
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps or max_steps == warmup_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def param_groups(model, weight_decay):
+    """Weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def fill_ds_config(ds_config, args, grad_accum):
+    """A copy of the JSON with what the run decides: the batch triple, learning rate, weight decay."""
+    config = copy.deepcopy(ds_config)
+    config["train_micro_batch_size_per_gpu"] = args.micro_batch
+    config["gradient_accumulation_steps"] = grad_accum
+    config["train_batch_size"] = args.total_batch_tokens // args.seq_len
+    optimizer = config.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    optimizer.setdefault("params", {}).update(lr=args.lr, weight_decay=args.weight_decay)
+    return config
+
+
+def initialize(model, args, ds_config, grad_accum):
+    """The DeepSpeed engine around model; with an `activation_checkpointing` block in the JSON, every
+    transformer block is recomputed in backward through DeepSpeed's checkpoint API."""
+    config = fill_ds_config(ds_config, args, grad_accum)
+    if uses_activation_checkpointing(config):
+        deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
+        model.checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
+    schedule = lambda step: lr_at(step, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=param_groups(model, args.weight_decay), config=config,
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule))
+    return engine
+
+
+def mean_over_ranks(tensor):
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def step_stats(engine):
+    """grad_norm (before clipping); with fp16 also the loss scale and the count of skipped steps."""
+    stats = {}
+    grad_norm = engine.get_global_grad_norm()
+    if grad_norm is not None:
+        stats["grad_norm"] = float(grad_norm)
+    if engine.fp16_enabled():
+        stats["loss_scale"] = float(engine.optimizer.cur_scale)
+        stats["skipped_steps"] = int(engine.skipped_steps)
+    return stats

@@ -1,0 +1,77 @@
+"""What a run reports: a console line, TensorBoard scalars and metrics.jsonl, all from rank 0; and MFU."""
+import json
+import time
+from pathlib import Path
+
+import torch
+
+# Dense peak FLOP/s per GPU from the vendors' datasheets (no sparsity). 'fp32' on Ampere/Hopper is TF32,
+# which the trainer enables for fp32 matmuls.
+GPU_PEAK_FLOPS = {
+    "V100": {"fp16": 125e12, "fp32": 15.7e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+    "A800": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H800": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+}
+
+
+def flops_per_token(model_config, num_params, seq_len):
+    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus attention's
+    6 * 2 * n_layer * n_embd * seq_len (PaLM appendix B; causal masking not discounted)."""
+    return 6 * num_params + 12 * model_config.n_layer * model_config.n_embd * seq_len
+
+
+def measure_cpu_peak_flops(dtype, size=1024, repeats=8):
+    """This CPU's matmul throughput in the training dtype: the roofline MFU is measured against."""
+    generator = torch.Generator().manual_seed(0)  # leaves the global RNG, and so training, untouched
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
+    a @ b  # warm up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def peak_flops(device_type, dtype_name):
+    """(peak FLOP/s per device, label) for MFU: the datasheet for known GPUs, a measurement on CPU."""
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name()
+        for gpu, table in GPU_PEAK_FLOPS.items():
+            if gpu in name and dtype_name in table:
+                return table[dtype_name], gpu
+        return None, name
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name, torch.float32)
+    return measure_cpu_peak_flops(dtype), f"cpu matmul ({dtype_name}, measured)"
+
+
+class MetricsLogger:
+    """Rank 0 writes; other ranks hold a logger that does nothing, so call sites need no rank checks."""
+
+    def __init__(self, out_dir, enabled):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # imported here: only rank 0 needs it
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(out_dir))
+        self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
+
+    def log(self, step, metrics, console=None):
+        """metrics: name -> number, each a TensorBoard scalar of that name and a key of one JSON line;
+        console: the line to print, if any."""
+        if not self.enabled:
+            return
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        if console:
+            print(console, flush=True)
+
+    def close(self):
+        if self.enabled:
+            self.writer.close()
+            self.jsonl.close()

@@ -1,0 +1,144 @@
+"""GPT-2 as one torch-only nn.Module.
+
+Parameter names follow Hugging Face's GPT-2 (transformer.wte, transformer.h.N.attn.c_attn, ...), so
+OpenAI/HF weights map one-to-one (HF's Conv1D stores Linear weights transposed). The module knows
+nothing about DeepSpeed or parallelism: the trainer wraps it.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+GPT2_VOCAB_SIZE = 50257  # 50000 BPE merges + 256 byte tokens + <|endoftext|>
+PADDED_VOCAB_SIZE = 50304  # next multiple of 128: faster matmuls; the extra rows are never targets
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024
+    vocab_size: int = PADDED_VOCAB_SIZE
+
+
+# GPT-2 sizes (Radford et al. 2019) plus tiny ones that train in minutes on a CPU.
+PRESETS = {
+    "d12": GPTConfig(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "d24": GPTConfig(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "d36": GPTConfig(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "d48": GPTConfig(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+    "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=256),
+    "d4": GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=512),
+}
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 whatever the parameter/activation dtype (fp16 stability on V100)."""
+
+    def forward(self, x):
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
+                            self.bias.float(), self.eps).to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # fused q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_proj.residual_projection = True
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # Flash / memory-efficient kernels on GPU, the fused CPU kernel here; all keep the softmax
+        # accumulation in fp32 even for fp16/bf16 inputs.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_proj.residual_projection = True
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying
+        # Activation checkpointing: a function with torch.utils.checkpoint's call shape
+        # (fn, *args) -> output, set by the trainer (e.g. deepspeed.checkpointing.checkpoint).
+        self.checkpoint_fn = None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_projection", False):
+                std *= (2 * self.config.n_layer) ** -0.5  # GPT-2: keep the residual stream's variance flat
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding=False):
+        """Parameter count (tied weights once); non_embedding drops wte and wpe, as in FLOP models."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean fp32 loss."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            if self.checkpoint_fn is not None and self.training and torch.is_grad_enabled():
+                x = self.checkpoint_fn(block, x)
+            else:
+                x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        if targets is None:
+            return logits, None
+        # log-softmax + NLL in fp32 whatever the compute dtype: fp16/bf16 lose too much over 50k classes
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss

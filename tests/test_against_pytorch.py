@@ -1,0 +1,56 @@
+"""The engine adds no numerical change: DeepSpeed (ZeRO 0, fp32, 1 rank) equals a plain PyTorch AdamW loop
+with the same initial weights, data, schedule and clipping."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import TINY, train, train_losses, write_ds_config
+from gpt.data import DistributedTokenLoader, find_shards
+from gpt.engine import lr_at, param_groups
+from gpt.model import GPT, PRESETS
+
+STEPS, MICRO, SEQ, ACCUM, LR, WARMUP, SEED = 5, 4, 64, 2, 1e-3, 2, 1234
+
+
+def plain_pytorch_losses(data_dir):
+    torch.manual_seed(SEED)
+    model = GPT(replace(PRESETS["tiny"], vocab_size=50304))
+    optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, LR, WARMUP, STEPS, 0.1) / LR)
+    loader = DistributedTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ)
+    losses, lrs = [], []
+    for _ in range(STEPS):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        total = 0.0
+        for _ in range(ACCUM):
+            x, y = loader.next_batch()
+            _, loss = model(x, y)
+            (loss / ACCUM).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        losses.append(total / ACCUM)
+    return losses, lrs
+
+
+def test_deepspeed_matches_plain_pytorch_adamw(tmp_path, shakespeare_dir):
+    config = write_ds_config(tmp_path / "zero0.json", stage=0, precision="fp32")
+    records, _ = train(tmp_path / "run", shakespeare_dir, *TINY, "--ds_config", config, "--max_steps", str(STEPS),
+                       "--lr", str(LR), "--total_batch_tokens", str(MICRO * SEQ * ACCUM))
+    expected_losses, expected_lrs = plain_pytorch_losses(shakespeare_dir)
+    losses = train_losses(records)
+    assert len(losses) == STEPS
+    for got, want in zip(losses, expected_losses):
+        assert abs(got - want) <= 1e-5 * want, (losses, expected_losses)
+    assert [r["lr"] for r in records if "loss" in r] == expected_lrs
+
+
+def test_learning_rate_schedule_is_warmup_then_cosine():
+    lrs = [lr_at(s, 6e-4, 10, 50, 0.1) for s in range(60)]
+    assert lrs[0] == pytest.approx(6e-5) and lrs[9] == 6e-4  # linear warmup from max/warmup to max
+    assert lrs[10] == 6e-4 and abs(lrs[30] - (6e-5 + 0.5 * 5.4e-4)) < 1e-12  # cosine midpoint
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # monotone decay
+    assert lrs[50] == lrs[59] == 6e-4 * 0.1

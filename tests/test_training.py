@@ -1,0 +1,78 @@
+"""Real DeepSpeed runs on CPU through train_ds.py: 1 rank under `python`, 2 gloo ranks under the
+deepspeed launcher (and torchrun)."""
+import pytest
+
+from conftest import TINY, train, train_losses, write_ds_config
+from gpt.engine import lr_at
+
+FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
+
+
+def assert_close(a, b, rel=1e-5):
+    assert len(a) == len(b) and a, (a, b)
+    for x, y in zip(a, b):
+        assert abs(x - y) <= rel * abs(y), (a, b)
+
+
+@pytest.mark.parametrize("config", ["zero1_bf16.json", "zero2_bf16.json", "zero1_fp16.json", "zero2_fp16.json"])
+def test_loss_falls_on_shakespeare_with_two_ranks(tmp_path, shakespeare_dir, config):
+    records, _ = train(tmp_path, shakespeare_dir, *TINY, "--ds_config", f"ds_configs/{config}", "--cpu_fp16",
+                       "--max_steps", "25", "--lr", "3e-3", "--total_batch_tokens", "1024", ranks=2)
+    losses = train_losses(records)
+    assert len(losses) == 25
+    assert losses[0] > 10.5  # ln(50304) = 10.83 at initialisation
+    assert sum(losses[-5:]) / 5 < losses[0] - 2.5
+
+
+def test_zero_stages_0_1_2_give_the_same_losses(tmp_path, shakespeare_dir):
+    losses = {}
+    for stage in (0, 1, 2):
+        config = write_ds_config(tmp_path / f"zero{stage}.json", stage=stage, precision="fp32")
+        records, _ = train(tmp_path / f"run{stage}", shakespeare_dir, *TINY, *FP32_STEPS, "--ds_config", config, ranks=2)
+        losses[stage] = train_losses(records)
+    assert_close(losses[1], losses[0])
+    assert_close(losses[2], losses[0])
+
+
+def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, shakespeare_dir):
+    config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
+    losses = []
+    for micro in (2, 4):  # 1024 tokens/step = 2 x 64 x 8 (accumulate 4) = 4 x 64 x 4 (accumulate 2)
+        records, _ = train(tmp_path / f"micro{micro}", shakespeare_dir, *TINY, *FP32_STEPS, "--ds_config", config,
+                           "--micro_batch", str(micro))
+        losses.append(train_losses(records))
+    assert_close(losses[0], losses[1])
+
+
+def test_activation_checkpointing_leaves_losses_unchanged(tmp_path, shakespeare_dir):
+    losses = []
+    for config in ("zero2_bf16.json", "zero2_bf16_ckpt.json"):
+        records, proc = train(tmp_path / config, shakespeare_dir, *TINY, *FP32_STEPS,
+                              "--ds_config", f"ds_configs/{config}", ranks=2)
+        losses.append(train_losses(records))
+    assert losses[0] == losses[1]
+
+
+def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, shakespeare_dir):
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 24, "loss_scale_window": 1000,
+            "hysteresis": 1, "min_loss_scale": 1}
+    config = write_ds_config(tmp_path / "fp16.json", precision="fp32", fp16=fp16)
+    records, proc = train(tmp_path / "run", shakespeare_dir, *TINY, *FP32_STEPS, "--max_steps", "12",
+                          "--ds_config", config, "--cpu_fp16")
+    steps = [r for r in records if "loss" in r]
+    assert steps[0]["skipped_steps"] == 1 and steps[0]["loss_scale"] == 2.0**23
+    skipped = [r["step"] for r in steps if r["skipped_steps"] > (steps[r["step"] - 1]["skipped_steps"] if r["step"] else 0)]
+    assert skipped == list(range(len(skipped))) and 0 < len(skipped) < 12  # overflows, then trains
+    for r in steps[:len(skipped) + 1]:  # the schedule does not advance on a skipped step
+        assert r["lr"] == pytest.approx(lr_at(0, 1e-3, 2, 12, 0.1))
+    assert steps[-1]["loss_scale"] == 2.0 ** (24 - len(skipped))
+    assert "skipped_steps 1" in proc.stdout
+
+
+def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "1024",
+                          "--ds_config", "ds_configs/zero1_bf16.json", "--val_every", "2", "--val_batches", "2",
+                          ranks=2, launcher="torchrun")
+    assert [r["step"] for r in records if "loss" in r] == [0, 1, 2]
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 2]
+    assert "2 rank(s)" in proc.stdout
