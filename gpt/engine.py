@@ -42,12 +42,12 @@ def setup_distributed(allow_cpu_fp16=False):
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     accelerator = get_accelerator()
+    if allow_cpu_fp16:
+        enable_cpu_fp16()
     if accelerator.device_name() == "cpu":
         # Each rank would otherwise start one thread per core: 2 ranks on 2 cores oversubscribe.
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
-        if allow_cpu_fp16:
-            enable_cpu_fp16()
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
@@ -62,7 +62,7 @@ def enable_cpu_fp16():
     kernels. Only for exercising the fp16 loss-scaling path without a GPU; refused on anything else."""
     accelerator = get_accelerator()
     if accelerator.device_name() != "cpu":
-        raise RuntimeError("--cpu_fp16 is only for the CPU accelerator; GPUs run fp16 natively")
+        raise SystemExit(f"error: --cpu_fp16 is only for the CPU accelerator, not {accelerator.device_name()}")
     accelerator.is_fp16_supported = lambda: True
 
 

@@ -50,7 +50,7 @@ def test_deepspeed_matches_plain_pytorch_adamw(tmp_path, shakespeare_dir):
 
 def test_learning_rate_schedule_is_warmup_then_cosine():
     lrs = [lr_at(s, 6e-4, 10, 50, 0.1) for s in range(60)]
-    assert lrs[0] == pytest.approx(6e-5) and lrs[9] == 6e-4  # linear warmup from max/warmup to max
-    assert lrs[10] == 6e-4 and abs(lrs[30] - (6e-5 + 0.5 * 5.4e-4)) < 1e-12  # cosine midpoint
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # monotone decay
-    assert lrs[50] == lrs[59] == 6e-4 * 0.1
+    assert lrs[:10] == pytest.approx([6e-5 * (s + 1) for s in range(10)])  # linear warmup to max
+    assert lrs[10] == pytest.approx(6e-4) and lrs[30] == pytest.approx(6e-5 + 0.5 * 5.4e-4)  # cosine midpoint
+    assert all(a > b for a, b in zip(lrs[10:50], lrs[11:51]))  # decays all the way to max_steps
+    assert lrs[50] == lrs[59] == pytest.approx(6e-5)

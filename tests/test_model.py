@@ -1,6 +1,5 @@
 import pytest
 import torch
-import torch.utils.checkpoint
 
 from gpt.model import GPT, GPTConfig, PRESETS
 
@@ -71,23 +70,3 @@ def test_loss_and_layernorm_are_fp32_in_half_precision(dtype):
     h = torch.randn(4, 32).to(dtype) * 100
     reference = torch.nn.functional.layer_norm(h.float(), (32,), ln.weight.float(), ln.bias.float()).to(dtype)
     assert torch.equal(ln(h), reference)
-
-
-@pytest.mark.parametrize("checkpoint_fn", [
-    lambda fn, *args: torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False),
-])
-def test_activation_checkpointing_gives_identical_loss_and_gradients(checkpoint_fn):
-    torch.manual_seed(0)
-    model = GPT(TINY)
-    x = torch.randint(0, 128, (2, 16))
-    results = []
-    for fn in (None, checkpoint_fn):
-        model.zero_grad()
-        model.checkpoint_fn = fn
-        _, loss = model(x, x)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    assert torch.equal(loss_a, loss_b)
-    for name in grads_a:
-        assert torch.equal(grads_a[name], grads_b[name]), name

@@ -37,9 +37,9 @@ def test_zero_stages_0_1_2_give_the_same_losses(tmp_path, shakespeare_dir):
 def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, shakespeare_dir):
     config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
     losses = []
-    for micro in (2, 4):  # 1024 tokens/step = 2 x 64 x 8 (accumulate 4) = 4 x 64 x 4 (accumulate 2)
+    for micro in (2, 4):  # 256 tokens/step = 2 x 64 x accumulation 2 = 4 x 64 x accumulation 1
         records, _ = train(tmp_path / f"micro{micro}", shakespeare_dir, *TINY, *FP32_STEPS, "--ds_config", config,
-                           "--micro_batch", str(micro))
+                           "--micro_batch", str(micro), "--total_batch_tokens", "256")
         losses.append(train_losses(records))
     assert_close(losses[0], losses[1])
 
@@ -76,3 +76,15 @@ def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2]
     assert [r["step"] for r in records if "val_loss" in r] == [0, 2]
     assert "2 rank(s)" in proc.stdout
+
+
+def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir):
+    config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
+    args = [*TINY, *FP32_STEPS, "--max_steps", "2", "--ds_config", config, "--val_every", "1",
+            "--val_batches", "2", "--sample_every", "1", "--sample_tokens", "8"]
+    eager, _ = train(tmp_path / "eager", shakespeare_dir, *args)
+    compiled, proc = train(tmp_path / "compiled", shakespeare_dir, *args, "--compile")
+    for key in ("loss", "val_loss"):
+        assert_close([r[key] for r in compiled if key in r], [r[key] for r in eager if key in r], rel=1e-4)
+    assert "sample at step 1:" in proc.stdout
+    assert list((tmp_path / "compiled").glob("events.out.tfevents.*"))  # TensorBoard
