@@ -13,7 +13,7 @@ import torch
 
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, build_parser, precision, validate
-from gpt.data import DistributedTokenLoader, find_shards
+from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt.model import GPT
@@ -27,8 +27,8 @@ class Run:
     """Everything fit() needs, built once."""
     engine: object
     model: GPT
-    train_loader: DistributedTokenLoader
-    val_loader: DistributedTokenLoader
+    train_loader: ShuffledTokenLoader
+    val_set: ValidationSet
     logger: MetricsLogger
     device: torch.device
     world_size: int
@@ -57,8 +57,10 @@ def build(args, ds_config, model_config, grad_accum, device):
     if args.compile:
         engine.compile()
     rank, world_size = ds_engine.rank(), ds_engine.world_size()
-    loaders = [DistributedTokenLoader(find_shards(args.data, split), args.micro_batch, args.seq_len, rank, world_size)
-               for split in ("train", "val")]
+    train_loader = ShuffledTokenLoader(find_shards(args.data, "train"), args.micro_batch, args.seq_len, rank,
+                                       world_size, seed=args.seed, pin_memory=device.type == "cuda")
+    val_set = ValidationSet(find_shards(args.data, "val"), args.seq_len, args.val_tokens // args.seq_len,
+                            args.micro_batch, rank, world_size)
     n_params = model.num_params() - model.transformer.wpe.weight.numel()  # wpe is a lookup, not a matmul
     peak, peak_label = peak_flops(device.type, precision(ds_config))
     logger = MetricsLogger(args.out_dir, enabled=rank == 0)
@@ -67,7 +69,9 @@ def build(args, ds_config, model_config, grad_accum, device):
         print(f"{precision(ds_config)}, ZeRO {engine.zero_optimization_stage()}, {world_size} rank(s) x "
               f"micro_batch {args.micro_batch} x seq_len {args.seq_len} x grad_accum {grad_accum} "
               f"= {args.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
-    return Run(engine, model, *loaders, logger, device, world_size, grad_accum,
+        print(f"data {args.data}: {len(train_loader.shards)} train shard(s), {sum(train_loader.batches_per_shard):,} "
+              f"batches/epoch per rank; validation on {len(val_set)} sequences of {args.seq_len} tokens")
+    return Run(engine, model, train_loader, val_set, logger, device, world_size, grad_accum,
                flops_per_token(model_config, n_params, args.seq_len) * args.total_batch_tokens, peak)
 
 
@@ -76,7 +80,7 @@ def train_step(run):
     loss_sum = torch.zeros((), device=run.device)
     for _ in range(run.grad_accum):
         x, y = run.train_loader.next_batch()
-        _, loss = run.engine(x.to(run.device), y.to(run.device))
+        _, loss = run.engine(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
         run.engine.backward(loss)
         run.engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
         loss_sum += loss.detach()  # stays on device: no host sync per micro-step
@@ -105,10 +109,11 @@ def fit(args, run):
         run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
         if args.val_every and (step % args.val_every == 0 or last):
-            val = validation_loss(run.engine, run.val_loader, args.val_batches, run.device)
+            val = validation_loss(run.engine, run.val_set, run.device)
             run.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
         if args.sample_every and (step % args.sample_every == 0 or last) and run.engine.global_rank == 0:
             log_samples(args, run, step)
+    run.train_loader.close()
     run.logger.close()
 
 

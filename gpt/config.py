@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from gpt.data import DataError, find_shards
+from gpt.data import DataError, check_shards
 from gpt.model import PRESETS
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
@@ -39,7 +39,8 @@ def build_parser():
     p.add_argument("--data", default="data/shakespeare", help="directory of *_train_*.bin / *_val_*.bin shards")
     p.add_argument("--out_dir", default="runs/dsgpt", help="TensorBoard events and metrics.jsonl")
     p.add_argument("--val_every", type=int, default=250, help="validation loss every N steps (0: off)")
-    p.add_argument("--val_batches", type=int, default=20, help="micro-batches per rank per validation")
+    p.add_argument("--val_tokens", type=int, default=10 * 2**20,
+                   help="validation set size: the first val_tokens // seq_len sequences of the val split")
     p.add_argument("--sample_every", type=int, default=1000, help="print samples every N steps (0: off)")
     p.add_argument("--sample_tokens", type=int, default=64, help="new tokens per sample")
     p.add_argument("--seed", type=int, default=1337)
@@ -126,12 +127,10 @@ def validate(args, world_size):
             grad_accum = gradient_accumulation(args, world_size)
         except ConfigError as e:
             problems.append(str(e))
-    for split in ("train", "val"):
-        try:
-            find_shards(args.data, split)
-        except DataError as e:
-            problems.append(str(e))
-            break
+    try:
+        check_shards(args.data, mconfig.vocab_size)
+    except DataError as e:
+        problems.append(str(e))
     if problems:
         raise ConfigError("\n".join(problems))
     return ds_config, mconfig, grad_accum

@@ -1,9 +1,14 @@
-"""Token shards (llm.c's .bin format) and the distributed loader that reads them.
+"""Token shards and the loaders that read them.
 
-Shard layout, as llm.c writes it: a header of 256 little-endian int32 ([0] magic 20240520, [1] version 1,
-[2] token count), then that many uint16 tokens. File names: {name}_{val|train}_{%06d}.bin.
+Shard formats:
+- llm.c `.bin`: a header of 256 little-endian int32 ([0] magic 20240520, [1] version 1, [2] token count),
+  then that many uint16 tokens. File names {name}_{val|train}_{%06d}.bin, shard 0 = val.
+- build-nanogpt `.npy`: a plain NumPy array of uint16 tokens (np.save), same naming.
+Shards are memory-mapped: opening one reads nothing, so moving to the next shard costs no visible time.
 """
 import os
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +18,7 @@ SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
+SCAN_CHUNK = 1 << 24  # tokens per read when checking a shard's token range
 
 
 class DataError(ValueError):
@@ -38,7 +44,7 @@ def write_shard(path, tokens):
 
 
 def read_shard_header(path):
-    """Check a shard's header against its size (cheap: reads 1 KiB) and return its token count."""
+    """Check an llm.c shard's header against its size (cheap: reads 1 KiB); return its token count."""
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
         raise DataError(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte shard header")
@@ -56,49 +62,188 @@ def read_shard_header(path):
 
 def load_shard(path):
     """The shard's tokens as a read-only memory map (nothing is read until used)."""
+    if str(path).endswith(".npy"):
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except ValueError as e:
+            raise DataError(f"{path}: not a NumPy array file ({e})") from None
+        if tokens.dtype != np.uint16 or tokens.ndim != 1:
+            raise DataError(f"{path}: expected a 1-D uint16 token array, found {tokens.ndim}-D {tokens.dtype}")
+        return tokens
     ntok = read_shard_header(path)
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntok,))
 
 
+def check_token_range(path, vocab_size):
+    """Every token id < vocab_size; reads the whole shard once, in chunks (~1 s per GB)."""
+    tokens = load_shard(path)
+    for start in range(0, len(tokens), SCAN_CHUNK):
+        chunk = np.asarray(tokens[start:start + SCAN_CHUNK])
+        if chunk.size and chunk.max() >= vocab_size:
+            position = start + int(np.argmax(chunk >= vocab_size))
+            raise DataError(f"{path}: token {int(tokens[position])} at position {position} "
+                            f"is >= the vocabulary size {vocab_size}")
+
+
 def find_shards(data_dir, split):
-    """Sorted shard paths of one split in data_dir; a clear error when there are none."""
+    """Sorted shard paths (.bin or .npy) of one split in data_dir; a clear error when there are none."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise DataError(f"{data_dir}: data directory not found (make one with: python -m gpt.prepare shakespeare --out_dir {data_dir})")
-    paths = sorted(data_dir.glob(f"*_{split}_*.bin"))
+        raise DataError(f"{data_dir}: data directory not found "
+                        f"(make one with: python -m gpt.prepare shakespeare --out_dir {data_dir})")
+    paths = sorted(p for p in data_dir.glob(f"*_{split}_*") if p.suffix in (".bin", ".npy"))
     if not paths:
-        raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin)")
+        raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin or .npy)")
     return paths
 
 
-class DistributedTokenLoader:
-    """Contiguous (x, y) windows of micro_batch x seq_len tokens; rank r of W takes the r-th of every W
-    consecutive windows, so ranks never overlap and together read the stream in order. After the last
-    shard it starts over (a new epoch)."""
+def check_shards(data_dir, vocab_size):
+    """Everything about the data that can fail, checked before training: both splits exist, every header
+    agrees with its file, every token fits the vocabulary."""
+    for split in ("train", "val"):
+        for path in find_shards(data_dir, split):
+            check_token_range(path, vocab_size)
 
-    def __init__(self, shard_paths, micro_batch, seq_len, rank=0, world_size=1):
-        self.shards = list(shard_paths)
+
+def _windows_to_batch(tokens, windows, seq_len):
+    """(x, y) int64 tensors for sequences starting at windows * seq_len; y is x shifted by one token."""
+    index = windows[:, None] * seq_len + np.arange(seq_len + 1)
+    chunk = torch.from_numpy(np.asarray(tokens[index], dtype=np.int64))
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+class ShuffledTokenLoader:
+    """Training batches: each shard is cut into windows of seq_len (+1 target) tokens; every epoch draws
+    a new shard order and a new window order within each shard from (seed, epoch). A global batch takes
+    micro_batch x world_size windows; rank r reads the r-th block of micro_batch, so ranks never overlap.
+    Windows that cannot fill a whole global batch at a shard's end are left out of that epoch.
+
+    A background thread builds the next `prefetch` batches. Batch k of epoch e is a pure function of
+    (seed, e, k), so the position (epoch, batch) is the whole state: resuming rebuilds it exactly."""
+
+    def __init__(self, shard_paths, micro_batch, seq_len, rank=0, world_size=1, seed=0, prefetch=4,
+                 pin_memory=False):
+        self.shards = [Path(p) for p in shard_paths]
         self.micro_batch, self.seq_len = micro_batch, seq_len
-        self.rank, self.world_size = rank, world_size
-        self.window = micro_batch * seq_len
-        for path in self.shards:
-            ntok = read_shard_header(path)
-            if ntok < self.window * world_size + 1:
-                raise DataError(f"{path}: {ntok} tokens is fewer than one step needs "
-                                f"({micro_batch} x {seq_len} x {world_size} ranks + 1)")
-        self.reset()
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.prefetch, self.pin_memory = prefetch, pin_memory
+        windows_per_batch = micro_batch * world_size
+        self.windows = [(len(load_shard(p)) - 1) // seq_len for p in self.shards]
+        self.batches_per_shard = [w // windows_per_batch for w in self.windows]
+        if sum(self.batches_per_shard) == 0:
+            raise DataError(f"{self.shards[0].parent}: no shard holds one global batch "
+                            f"({micro_batch} x {world_size} ranks x {seq_len} tokens + 1)")
+        self.epoch, self.batch = 0, 0
+        self._thread = None
+        self._start()
 
-    def reset(self):
-        self.shard_index, self.position = 0, 0
-        self.tokens = load_shard(self.shards[0])
+    # -- the pure schedule -------------------------------------------------------------------------
+    def _rng(self, *keys):
+        return np.random.default_rng([self.seed, *keys])
+
+    def shard_order(self, epoch):
+        return self._rng(epoch).permutation(len(self.shards))
+
+    def _epoch_plan(self, epoch):
+        """[(shard index, batches)] in this epoch's order, skipping shards too small for one batch."""
+        return [(int(s), self.batches_per_shard[s]) for s in self.shard_order(epoch) if self.batches_per_shard[s]]
+
+    def _batches(self, epoch, batch):
+        """Yield (epoch, batch, x, y) from position (epoch, batch) on, forever."""
+        while True:
+            done = 0
+            for shard, count in self._epoch_plan(epoch):
+                if batch >= done + count:
+                    done += count
+                    continue
+                tokens = load_shard(self.shards[shard])
+                order = self._rng(epoch, shard).permutation(self.windows[shard])
+                for k in range(batch - done, count):
+                    start = (k * self.world_size + self.rank) * self.micro_batch
+                    x, y = _windows_to_batch(tokens, order[start:start + self.micro_batch], self.seq_len)
+                    if self.pin_memory:
+                        x, y = x.pin_memory(), y.pin_memory()
+                    yield epoch, done + k, x, y
+                done += count
+                batch = done
+            epoch, batch = epoch + 1, 0
+
+    # -- the prefetching consumer ------------------------------------------------------------------
+    def _start(self):
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, args=(self.epoch, self.batch, self._queue, self._stop),
+                                        daemon=True, name="token-prefetch")
+        self._thread.start()
+
+    def _produce(self, epoch, batch, out, stop):
+        try:
+            for item in self._batches(epoch, batch):
+                while not stop.is_set():
+                    try:
+                        out.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except Exception as e:  # surfaced to the consumer by next_batch
+            out.put(e)
+
+    def _halt(self):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
 
     def next_batch(self):
-        start = self.position + self.rank * self.window
-        chunk = torch.from_numpy(self.tokens[start:start + self.window + 1].astype(np.int64))
-        x = chunk[:-1].view(self.micro_batch, self.seq_len)
-        y = chunk[1:].view(self.micro_batch, self.seq_len)
-        self.position += self.window * self.world_size
-        if self.position + self.window * self.world_size + 1 > len(self.tokens):
-            self.shard_index = (self.shard_index + 1) % len(self.shards)
-            self.tokens, self.position = load_shard(self.shards[self.shard_index]), 0
+        item = self._queue.get()
+        if isinstance(item, Exception):
+            raise item
+        epoch, batch, x, y = item
+        self.epoch, self.batch = epoch, batch + 1
         return x, y
+
+    def state_dict(self):
+        """The position of the next batch, plus what it is only valid with."""
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "world_size": self.world_size,
+                "micro_batch": self.micro_batch, "seq_len": self.seq_len, "shards": [p.name for p in self.shards]}
+
+    def load_state_dict(self, state):
+        mine = self.state_dict()
+        for key in ("seed", "world_size", "micro_batch", "seq_len", "shards"):
+            if state[key] != mine[key]:
+                raise DataError(f"loader state was saved with {key}={state[key]!r}, this run has {mine[key]!r}")
+        self._halt()
+        self.epoch, self.batch = state["epoch"], state["batch"]
+        self._start()
+
+    def close(self):
+        self._halt()
+
+
+class ValidationSet:
+    """The first `num_sequences` windows of seq_len tokens of the val shards, in order: the same tokens
+    on every run and every world size. Rank r scores windows r, r + W, r + 2W, ..."""
+
+    def __init__(self, shard_paths, seq_len, num_sequences, micro_batch, rank=0, world_size=1):
+        self.seq_len, self.micro_batch = seq_len, micro_batch
+        self.windows = []  # (shard path, window index)
+        for path in shard_paths:
+            available = (len(load_shard(path)) - 1) // seq_len
+            self.windows += [(path, w) for w in range(min(available, num_sequences - len(self.windows)))]
+        if not self.windows:
+            raise DataError(f"{shard_paths[0]}: the val split is shorter than one sequence of {seq_len} tokens")
+        self.mine = self.windows[rank::world_size]
+
+    def __len__(self):
+        return len(self.windows)
+
+    def batches(self):
+        for start in range(0, len(self.mine), self.micro_batch):
+            group = self.mine[start:start + self.micro_batch]
+            tokens = load_shard(group[0][0])
+            if any(path != group[0][0] for path, _ in group):  # a batch spanning two shards: rare, slow path
+                xs, ys = zip(*(_windows_to_batch(load_shard(p), np.array([w]), self.seq_len) for p, w in group))
+                yield torch.cat(xs), torch.cat(ys)
+            else:
+                yield _windows_to_batch(tokens, np.array([w for _, w in group]), self.seq_len)

@@ -6,22 +6,19 @@ from gpt.model import GPT2_VOCAB_SIZE
 
 
 @torch.no_grad()
-def validation_loss(model, loader, num_batches, device):
-    """Mean loss over num_batches micro-batches per rank, averaged over ranks. The loader is reset, so
-    every call scores the same tokens."""
+def validation_loss(model, val_set, device):
+    """Mean loss over every sequence of the validation set, whatever the world size: each rank scores its
+    share, and the sums of losses and of sequences are reduced over ranks."""
     was_training = model.training
     model.eval()
-    loader.reset()
-    total = torch.zeros((), device=device, dtype=torch.float32)
-    for _ in range(num_batches):
-        x, y = loader.next_batch()
+    totals = torch.zeros(2, device=device)  # (sum of per-sequence losses, sequences); stays on device
+    for x, y in val_set.batches():
         _, loss = model(x.to(device), y.to(device))
-        total += loss.float()  # accumulate on device: one host sync at the end
+        totals += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
     if dist.is_initialized():
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        total /= dist.get_world_size()
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     model.train(was_training)
-    return total.item() / num_batches
+    return (totals[0] / totals[1]).item()
 
 
 @torch.no_grad()

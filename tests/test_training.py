@@ -1,5 +1,8 @@
 """Real DeepSpeed runs on CPU through train_ds.py: 1 rank under `python`, 2 gloo ranks under the
 deepspeed launcher (and torchrun)."""
+import json
+
+import numpy as np
 import pytest
 
 from conftest import TINY, train, train_losses, write_ds_config
@@ -71,7 +74,7 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, shakes
 
 def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "1024",
-                          "--ds_config", "ds_configs/zero1_bf16.json", "--val_every", "2", "--val_batches", "2",
+                          "--ds_config", "ds_configs/zero1_bf16.json", "--val_every", "2", "--val_tokens", "512",
                           ranks=2, launcher="torchrun")
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2]
     assert [r["step"] for r in records if "val_loss" in r] == [0, 2]
@@ -81,10 +84,34 @@ def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
 def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir):
     config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
     args = [*TINY, *FP32_STEPS, "--max_steps", "2", "--ds_config", config, "--val_every", "1",
-            "--val_batches", "2", "--sample_every", "1", "--sample_tokens", "8"]
+            "--val_tokens", "512", "--sample_every", "1", "--sample_tokens", "8"]
     eager, _ = train(tmp_path / "eager", shakespeare_dir, *args)
     compiled, proc = train(tmp_path / "compiled", shakespeare_dir, *args, "--compile")
     for key in ("loss", "val_loss"):
         assert_close([r[key] for r in compiled if key in r], [r[key] for r in eager if key in r], rel=1e-4)
     assert "sample at step 1:" in proc.stdout
     assert list((tmp_path / "compiled").glob("events.out.tfevents.*"))  # TensorBoard
+
+
+@pytest.mark.parametrize("source", ["files", "hub", "npy"])
+def test_training_runs_on_shards_from_each_source(tmp_path, shakespeare_dir, source):
+    from gpt.data import find_shards, load_shard
+    from gpt.prepare import main as prepare_main, shakespeare_documents
+
+    data = tmp_path / "data"
+    if source == "npy":  # build-nanogpt's format: headerless uint16 .npy shards
+        data.mkdir()
+        for split in ("val", "train"):
+            for path in find_shards(shakespeare_dir, split):
+                np.save(data / path.with_suffix(".npy").name, np.asarray(load_shard(path)))
+    else:
+        (tmp_path / "corpus").mkdir()
+        documents = shakespeare_documents()
+        (tmp_path / "corpus" / "plays.jsonl").write_text(
+            "".join(json.dumps({"text": d}) + "\n" for d in documents["val"] + documents["train"]))
+        where = str(tmp_path / "corpus" / "plays.jsonl") if source == "files" else str(tmp_path / "corpus")
+        prepare_main([source, where, "--out_dir", str(data), "--val_tokens", "20000", "--shard_tokens", "500000"])
+    records, proc = train(tmp_path / "run", data, *TINY, "--max_steps", "2", "--total_batch_tokens", "1024",
+                          "--val_every", "1", "--val_tokens", "1024")
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 1]
+    assert f"data {data}: {4 if source != 'npy' else 1} train shard(s)" in proc.stdout

@@ -1,0 +1,120 @@
+"""Corpus -> shards: every source, whole-document validation split, fixed-size train shards, workers,
+resume after an interruption, and clear errors."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import REPO
+from gpt.data import find_shards, load_shard
+from gpt.prepare import Corpus, main, prepare
+from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+
+DOCUMENTS = [f"Document {i}: " + "word " * (i % 37) + "end." for i in range(300)]
+SETTINGS = {"source": "test"}
+
+
+def all_tokens(out_dir, name="corpus"):
+    return [load_shard(p).tolist() for split in ("val", "train") for p in find_shards(out_dir, split)]
+
+
+def expected_tokens(documents):
+    return [t for doc in documents for t in [EOT_TOKEN] + gpt2_tokenizer().encode_ordinary(doc)]
+
+
+def test_files_become_fixed_size_shards_after_a_whole_document_val_split(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(DOCUMENTS)))
+    main(["files", str(path), "--out_dir", str(tmp_path / "out"), "--shard_tokens", "1000", "--val_tokens", "300"])
+    shards = all_tokens(tmp_path / "out")
+    flat = [t for shard in shards for t in shard]
+    assert flat == expected_tokens(DOCUMENTS)  # round trip, in order, EOT before every document
+    val, *train = shards
+    assert val[0] == EOT_TOKEN and flat[len(val)] == EOT_TOKEN  # val ends on a document boundary
+    assert 300 <= len(val) < 300 + 60
+    assert [len(s) for s in train[:-1]] == [1000] * (len(train) - 1) and 0 < len(train[-1]) <= 1000
+    decoded = gpt2_tokenizer().decode(flat)
+    assert decoded == "".join(gpt2_tokenizer().decode([EOT_TOKEN]) + d for d in DOCUMENTS)
+
+
+@pytest.mark.parametrize("kind", ["txt", "parquet"])
+def test_text_and_parquet_files(tmp_path, kind):
+    docs = DOCUMENTS[:20]
+    if kind == "txt":
+        for i, doc in enumerate(docs):
+            (tmp_path / f"doc{i:03d}.txt").write_text(doc)
+        pattern = str(tmp_path / "doc*.txt")
+    else:
+        pq.write_table(pa.table({"content": docs}), tmp_path / "part.parquet")
+        pattern = str(tmp_path / "*.parquet")
+    extra = [] if kind == "txt" else ["--text_field", "content"]
+    main(["files", pattern, "--out_dir", str(tmp_path / "out"), "--val_tokens", "50", *extra])
+    assert [t for s in all_tokens(tmp_path / "out") for t in s] == expected_tokens(docs)
+
+
+def test_workers_write_the_same_shards(tmp_path):
+    for workers in (1, 2):
+        prepare(Corpus(iter(DOCUMENTS)), tmp_path / f"w{workers}", "c", 700, 200, workers, SETTINGS)
+    for a, b in zip(sorted((tmp_path / "w1").glob("*.bin")), sorted((tmp_path / "w2").glob("*.bin"))):
+        assert a.read_bytes() == b.read_bytes()
+
+
+def test_an_interrupted_prepare_resumes_where_it_stopped(tmp_path, monkeypatch):
+    prepare(Corpus(iter(DOCUMENTS)), tmp_path / "whole", "c", 700, 200, 1, SETTINGS)
+
+    def crashing(documents, after):
+        for i, doc in enumerate(documents):
+            if i == after:
+                raise KeyboardInterrupt
+            yield doc
+
+    monkeypatch.setattr("gpt.prepare.DOCUMENTS_PER_TASK", 16)  # several tasks, so shards complete before the crash
+    with pytest.raises(KeyboardInterrupt):
+        prepare(Corpus(crashing(DOCUMENTS, 170)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
+    written = sorted(p.name for p in (tmp_path / "resumed").glob("*.bin"))
+    assert 1 < len(written) < len(list((tmp_path / "whole").glob("*.bin")))  # some shards done, not all
+    prepare(Corpus(iter(DOCUMENTS)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
+    for whole in sorted((tmp_path / "whole").glob("*.bin")):
+        assert (tmp_path / "resumed" / whole.name).read_bytes() == whole.read_bytes(), whole.name
+    assert not list((tmp_path / "resumed").glob("*.tmp"))
+    # a third run finds everything complete and writes nothing
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "resumed").glob("*.bin")}
+    prepare(Corpus(iter(DOCUMENTS)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
+    assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "resumed").glob("*.bin")}
+
+
+def test_hub_source_reads_a_local_dataset_directory(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS[:30]))
+    main(["hub", str(tmp_path / "ds"), "--out_dir", str(tmp_path / "out"), "--val_tokens", "100"])
+    assert [t for s in all_tokens(tmp_path / "out") for t in s] == expected_tokens(DOCUMENTS[:30])
+    assert find_shards(tmp_path / "out", "train")[0].name == "ds_train_000001.bin"
+
+
+def run_prepare(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "gpt.prepare", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_offline_hub_is_a_clear_error(tmp_path):
+    proc = run_prepare("hub", "HuggingFaceFW/fineweb-edu", "--hub_config", "sample-10BT", "--out_dir", str(tmp_path),
+                       env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: cannot reach the Hugging Face Hub for 'HuggingFaceFW/fineweb-edu' (offline?); download it "
+        "elsewhere and prepare the files with: python -m gpt.prepare files PATH")
+
+
+def test_bad_file_inputs_are_clear_errors(tmp_path):
+    proc = run_prepare("files", str(tmp_path / "*.jsonl"), "--out_dir", str(tmp_path / "out"))
+    assert (proc.returncode, proc.stderr.strip()) == (1, f"error: no files match {tmp_path / '*.jsonl'}")
+    (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    proc = run_prepare("files", str(tmp_path / "a.jsonl"), "--out_dir", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'a.jsonl'}: no 'text' field (fields: body); choose one with --text_field")
