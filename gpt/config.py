@@ -44,6 +44,16 @@ def build_parser():
     p.add_argument("--sample_every", type=int, default=1000, help="print samples every N steps (0: off)")
     p.add_argument("--sample_tokens", type=int, default=64, help="new tokens per sample")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--save_every", type=int, default=1000, help="checkpoint every N steps (0: only at the end)")
+    p.add_argument("--keep_last", type=int, default=3, help="keep the newest N checkpoints")
+    p.add_argument("--keep_every", type=int, default=0, help="also keep every checkpoint whose step is a multiple of N")
+    p.add_argument("--resume", default=None,
+                   help="'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
+    p.add_argument("--skip_loss_z", type=float, default=0.0,
+                   help="skip the update when the loss is this many sigmas above the recent window (0: off)")
+    p.add_argument("--skip_grad_z", type=float, default=0.0,
+                   help="skip the update when the grad norm is this many sigmas above the recent window (0: off)")
+    p.add_argument("--max_bad_steps", type=int, default=5, help="stop after this many skipped steps in a row")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--cpu_fp16", action="store_true",
                    help="let fp16 configs run on the CPU accelerator (testing the loss-scaling path); "

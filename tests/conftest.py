@@ -36,10 +36,10 @@ def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **
     return str(path)
 
 
-def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True):
+def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=()):
     """Run train_ds.py; return (records from metrics.jsonl, completed process)."""
     launcher = launcher or ("python" if ranks == 1 else "deepspeed")
-    script = [str(REPO / "train_ds.py"), "--data", str(data_dir), "--out_dir", str(out_dir), *args]
+    script = [str(REPO / "train_ds.py"), "--data", str(data_dir), "--out_dir", str(out_dir), *args, *extra]
     if launcher == "python":
         cmd = [sys.executable, *script]
     elif launcher == "deepspeed":

@@ -1,0 +1,162 @@
+"""Checkpoints: DeepSpeed's own save/load on every rank, plus what makes them safe to resume from.
+
+Layout under OUT_DIR/checkpoints/:
+    step_00000100/            DeepSpeed's files (model, optimizer partitions, scheduler) + client state
+        rng_rank00000.pt      each rank's RNG states
+        run_config.json       the settings the run had, to refuse an incompatible resume up front
+        complete.json         written last, after every rank finished: only such checkpoints are loaded
+    latest                    the newest complete tag (moved after complete.json exists)
+"""
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+CHECKPOINTS = "checkpoints"
+COMPLETE = "complete.json"
+RUN_CONFIG = "run_config.json"
+LATEST = "latest"
+TAG_PATTERN = re.compile(r"^step_(\d{8})$")
+# Settings a checkpoint's weights and optimizer states only fit with; everything else may change on resume.
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from, with the reason."""
+
+
+def checkpoint_dir(out_dir):
+    return Path(out_dir) / CHECKPOINTS
+
+
+def tag_for(step):
+    return f"step_{step:08d}"
+
+
+def _rank():
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _write_atomically(path, text):
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def rng_state():
+    from deepspeed.accelerator import get_accelerator
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "accelerator": get_accelerator().get_rng_state()}
+
+
+def set_rng_state(state):
+    from deepspeed.accelerator import get_accelerator
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    get_accelerator().set_rng_state(state["accelerator"])
+
+
+def complete_tags(ckpt_dir):
+    """Tags of complete checkpoints, oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(p.name for p in ckpt_dir.iterdir() if TAG_PATTERN.match(p.name) and (p / COMPLETE).exists())
+
+
+def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every):
+    """Save on every rank (DeepSpeed requires it). `latest` moves only once every rank has written its
+    part and the checkpoint is marked complete, so a crash mid-save leaves the previous one loadable."""
+    ckpt_dir = checkpoint_dir(out_dir)
+    tag = tag_for(step)
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{_rank():05d}.pt")
+    _barrier()  # every rank's files are on disk
+    if _rank() == 0:
+        _write_atomically(ckpt_dir / tag / RUN_CONFIG, json.dumps(run_config, indent=1))
+        _write_atomically(ckpt_dir / tag / COMPLETE, json.dumps({"step": step}))
+        _write_atomically(ckpt_dir / LATEST, tag)
+        prune(ckpt_dir, keep_last, keep_every)
+    _barrier()
+    return ckpt_dir / tag
+
+
+def prune(ckpt_dir, keep_last, keep_every):
+    """Keep the newest keep_last complete checkpoints and every step that is a multiple of keep_every;
+    incomplete ones older than the newest complete one are leftovers of a crash and go too."""
+    tags = complete_tags(ckpt_dir)
+    keep = set(tags[-keep_last:]) if keep_last > 0 else set(tags)
+    keep |= {t for t in tags if keep_every and int(TAG_PATTERN.match(t)[1]) % keep_every == 0}
+    newest = tags[-1] if tags else None
+    for path in Path(ckpt_dir).iterdir():
+        if not TAG_PATTERN.match(path.name) or path.name in keep:
+            continue
+        if (path / COMPLETE).exists() or (newest and path.name < newest):
+            shutil.rmtree(path)
+
+
+def find_checkpoint(resume, out_dir):
+    """The checkpoint directory to resume from, or None for a fresh start ('auto' with nothing saved).
+    `resume` is 'auto' (the newest complete one under out_dir) or a path to a checkpoint or its parent."""
+    if resume == "auto":
+        ckpt_dir = checkpoint_dir(out_dir)
+        latest = ckpt_dir / LATEST
+        if latest.exists() and (ckpt_dir / latest.read_text().strip() / COMPLETE).exists():
+            return ckpt_dir / latest.read_text().strip()
+        tags = complete_tags(ckpt_dir)
+        return ckpt_dir / tags[-1] if tags else None
+    path = Path(resume)
+    if (path / COMPLETE).exists():
+        return path
+    for parent in (path, path / CHECKPOINTS):
+        tags = complete_tags(parent)
+        if tags:
+            return parent / tags[-1]
+    if path.is_dir() and TAG_PATTERN.match(path.name):
+        raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE}: the save was interrupted)")
+    raise CheckpointError(f"{path}: no complete checkpoint found")
+
+
+def read_run_config(path):
+    try:
+        return json.loads((Path(path) / RUN_CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable {RUN_CONFIG} ({e})") from None
+
+
+def check_compatible(path, saved, current):
+    """Refuse a resume whose weights would not fit this run, naming every mismatch."""
+    problems = [f"{key} {saved['model'].get(key)} in the checkpoint, {current['model'][key]} now"
+                for key in SHAPE_KEYS if saved["model"].get(key) != current["model"][key]]
+    for key in ("precision", "zero_stage"):
+        if saved.get(key) != current.get(key):
+            problems.append(f"{key} {saved.get(key)} in the checkpoint, {current.get(key)} now")
+    if problems:
+        raise CheckpointError(f"{path}: cannot resume: " + "; ".join(problems))
+
+
+def load(engine, path, load_optimizer_states=True):
+    """Load a checkpoint into the engine; returns the client state. With load_optimizer_states False only
+    the weights are taken (a weights-only restart, e.g. on another world size)."""
+    path = Path(path)
+    loaded, client_state = engine.load_checkpoint(
+        str(path.parent), tag=path.name, load_optimizer_states=load_optimizer_states,
+        load_lr_scheduler_states=load_optimizer_states, load_module_only=not load_optimizer_states)
+    if loaded is None:
+        raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
+    rng_file = path / f"rng_rank{_rank():05d}.pt"
+    if load_optimizer_states and rng_file.exists():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return client_state

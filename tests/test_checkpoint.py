@@ -1,0 +1,121 @@
+"""Checkpoints through real runs: exact resume, SIGTERM, pruning, interrupted saves, world-size change,
+incompatible resumes, the fp16 minimum-scale diagnostic."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, TINY, train, train_losses, write_ds_config
+from gpt import checkpoint
+
+RESUMABLE = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "3", "--keep_last", "5"]
+
+
+def step_records(records):
+    return [(r["step"], r["loss"], r.get("grad_norm")) for r in records if "loss" in r]
+
+
+@pytest.mark.parametrize("stage,precision,ranks", [(1, "bf16", 2), (2, "bf16", 1), (1, "fp32", 1), (2, "fp32", 2)])
+def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, shakespeare_dir, stage, precision, ranks):
+    config = write_ds_config(tmp_path / "ds.json", base="zero1_bf16.json", stage=stage, precision=None)
+    if precision == "fp32":
+        config = write_ds_config(tmp_path / "ds.json", stage=stage, precision="fp32")
+    whole, _ = train(tmp_path / "whole", shakespeare_dir, *RESUMABLE, "--ds_config", config, ranks=ranks)
+    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *RESUMABLE, "--ds_config", config, ranks=ranks,
+                          extra=["--resume", str(tmp_path / "whole" / "checkpoints" / "step_00000002")])
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    assert step_records(resumed) == step_records(whole)[3:]  # exact equality, not a tolerance
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, shakespeare_dir):
+    cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
+           "--save_every", "0", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("step     3 |"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    output = proc.stdout.read()
+    assert proc.wait(timeout=60) == 0
+    assert "stopped by SIGTERM: checkpoint saved, exiting" in output
+    (tag,) = checkpoint.complete_tags(tmp_path / "checkpoints")
+    stopped_at = int(tag.split("_")[1])
+    assert 3 <= stopped_at < 10
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", str(stopped_at + 3),
+                          "--total_batch_tokens", "512", "--save_every", "0", "--resume", "auto")
+    assert f"at step {stopped_at + 1}" in proc.stdout
+
+
+def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, shakespeare_dir):
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
+                          "--resume", "auto")
+    assert "no checkpoint in" in proc.stdout and "fresh start" in proc.stdout
+    assert [r["step"] for r in records if "loss" in r] == [0, 1]
+
+
+def test_keep_last_and_keep_every(tmp_path, shakespeare_dir):
+    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "7", "--total_batch_tokens", "512", "--save_every", "1",
+          "--keep_last", "2", "--keep_every", "3")
+    assert checkpoint.complete_tags(tmp_path / "checkpoints") == [
+        "step_00000000", "step_00000003", "step_00000005", "step_00000006"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000006"
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, shakespeare_dir):
+    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--save_every", "2")
+    ckpt = tmp_path / "checkpoints"
+    # A crash between DeepSpeed's writes and the completion marker: the newest checkpoint has no marker,
+    # and `latest` was never moved to it (here it is, to show a bad pointer is not trusted either).
+    (ckpt / "step_00000003" / "complete.json").unlink()
+    (ckpt / "latest").write_text("step_00000003")
+    assert checkpoint.find_checkpoint("auto", tmp_path) == ckpt / "step_00000001"
+    with pytest.raises(checkpoint.CheckpointError, match="incomplete checkpoint"):
+        checkpoint.find_checkpoint(str(ckpt / "step_00000003"), tmp_path)
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512",
+                          "--save_every", "2", "--resume", "auto")
+    assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
+
+
+@pytest.mark.parametrize("saved_ranks,resumed_ranks", [(2, 1), (1, 2)])
+def test_a_different_world_size_restarts_from_the_weights(tmp_path, shakespeare_dir, saved_ranks, resumed_ranks):
+    args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--ds_config", "ds_configs/zero2_bf16.json",
+            "--lr", "3e-3"]
+    saved, _ = train(tmp_path / "a", shakespeare_dir, *args, "--save_every", "2", ranks=saved_ranks)
+    records, proc = train(tmp_path / "b", shakespeare_dir, *args, "--resume",
+                          str(tmp_path / "a" / "checkpoints" / "step_00000001"), ranks=resumed_ranks)
+    assert f"WEIGHTS ONLY: saved by {saved_ranks} rank(s), now {resumed_ranks}" in proc.stdout
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [2, 3]
+    assert steps[0]["loss"] < saved[0]["loss"] - 0.2  # the trained weights, not a new initialisation
+    assert steps[0]["lr"] == [r for r in saved if r.get("step") == 2][0]["lr"]  # the schedule's position
+
+
+def test_an_incompatible_checkpoint_is_refused_up_front(tmp_path, shakespeare_dir):
+    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--save_every", "1", "--keep_last", "1",
+          "--total_batch_tokens", "512")
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+                          "--n_layer", "3", "--ds_config", "ds_configs/zero2_bf16.json", "--resume", "auto", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'checkpoints' / 'step_00000001'}: cannot resume: n_layer 2 in the checkpoint, 3 now; "
+        f"zero_stage 1 in the checkpoint, 2 now")
+
+
+def test_a_missing_checkpoint_path_is_a_clear_error(tmp_path, shakespeare_dir):
+    _, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--resume", str(tmp_path / "nope"), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'nope'}: no complete checkpoint found"
+
+
+def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, shakespeare_dir):
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 40, "hysteresis": 1, "min_loss_scale": 2.0**40}
+    config = write_ds_config(tmp_path / "fp16.json", precision="fp32", fp16=fp16)
+    _, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+                    "--ds_config", config, "--cpu_fp16", check=False)
+    assert proc.returncode == 1
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith("error: fp16 loss scale fell to its minimum")
+    assert "bf16" in message and "hysteresis" in message and "initial_scale_power" in message
