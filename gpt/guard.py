@@ -43,7 +43,9 @@ class SpikeGuard:
         """Inside the optimizer step: the norm to act on; NaN makes DeepSpeed skip the update.
         loss_scale: what the norm is scaled by (fp16), so that the history stays comparable."""
         value = float(norm) / loss_scale
-        if self.reason is None and math.isfinite(value) and self._outlier(value, self.norms, self.grad_z):
+        if not math.isfinite(value):
+            return norm  # DeepSpeed skips this update by itself; it stays out of the history
+        if self.reason is None and self._outlier(value, self.norms, self.grad_z):
             self.reason = f"grad norm {value:.4f} is {self._z(value, self.norms):.1f} sigma above the last {len(self.norms)}"
         if self.reason is not None:
             return norm * float("nan")

@@ -22,6 +22,25 @@ def shakespeare_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def single_rank_group():
+    """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines."""
+    import deepspeed
+    import torch.distributed as dist
+
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    dist.destroy_process_group()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **extra):
     """A DeepSpeed JSON derived from one of ds_configs/: another ZeRO stage, precision or extra keys."""
     config = json.loads((REPO / "ds_configs" / base).read_text())

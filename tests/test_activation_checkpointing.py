@@ -4,27 +4,20 @@ import json
 import deepspeed
 import pytest
 import torch
-import torch.distributed as dist
 import torch.utils.checkpoint
 
-from conftest import REPO, free_port
+from conftest import REPO
 from gpt.model import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=128)
 
 
 @pytest.fixture
-def deepspeed_checkpoint(monkeypatch):
-    """deepspeed.checkpointing.checkpoint configured from ds_configs/zero2_bf16_ckpt.json inside a
-    one-rank gloo group that is torn down afterwards."""
-    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(key, value)
-    deepspeed.init_distributed(dist_backend="gloo")
+def deepspeed_checkpoint(single_rank_group):
+    """deepspeed.checkpointing.checkpoint configured from ds_configs/zero2_bf16_ckpt.json."""
     config = json.loads((REPO / "ds_configs" / "zero2_bf16_ckpt.json").read_text())
     deepspeed.checkpointing.configure(None, deepspeed_config={**config, "train_micro_batch_size_per_gpu": 1})
-    yield deepspeed.checkpointing.checkpoint
-    dist.destroy_process_group()
+    return deepspeed.checkpointing.checkpoint
 
 
 def loss_and_grads(model, x, checkpoint_fn):

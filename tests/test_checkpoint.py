@@ -119,3 +119,45 @@ def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, shakespeare_dir
     message = proc.stderr.strip().splitlines()[-1]
     assert message.startswith("error: fp16 loss scale fell to its minimum")
     assert "bf16" in message and "hysteresis" in message and "initial_scale_power" in message
+
+
+def test_fault_drill_sigkill_one_rank_then_resume(tmp_path, shakespeare_dir):
+    """Kill rank 1 with SIGKILL mid-run: the launcher must exit non-zero in bounded time (no hang), and
+    --resume auto must finish the run having lost at most one save interval."""
+    import os
+
+    import psutil
+
+    from conftest import free_port
+
+    save_every = 5
+    args = [*TINY, "--max_steps", "30", "--total_batch_tokens", "512", "--save_every", str(save_every),
+            "--ds_config", "ds_configs/zero1_bf16.json", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        logged = []
+        for line in proc.stdout:
+            if line.startswith("step ") and "| loss " in line:
+                logged.append(int(line.split()[1]))
+                if logged[-1] == 12:
+                    break
+        (victim,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                     if "--local_rank=1" in p.cmdline()]
+        victim.kill()
+        killed_at = time.monotonic()
+        rest = proc.stdout.read()
+        returncode = proc.wait(timeout=120)
+        exited_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert returncode != 0
+    assert exited_after < 60, f"launcher took {exited_after:.0f}s to exit"
+    logged += [int(line.split()[1]) for line in rest.splitlines() if line.startswith("step ") and "| loss " in line]
+    newest = int(checkpoint.complete_tags(tmp_path / "checkpoints")[-1].split("_")[1])
+    assert max(logged) - newest <= save_every  # steps lost to the crash
+    records, resumed = train(tmp_path, shakespeare_dir, *args[:-4], "--resume", "auto", ranks=2)
+    assert f"at step {newest + 1}" in resumed.stdout
+    assert [r["step"] for r in records if "loss" in r][-1] == 29

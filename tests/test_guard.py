@@ -1,0 +1,90 @@
+"""The spike/NaN guard: the skip mechanism on each DeepSpeed optimizer our configs select (real engines,
+in process), and the guard's bookkeeping."""
+import json
+import math
+from argparse import Namespace
+
+import pytest
+import torch
+
+from conftest import REPO
+from gpt import engine as ds_engine
+from gpt.guard import SpikeGuard, install_grad_norm_hook
+from gpt.model import GPT, GPTConfig
+
+MODEL = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)
+ARGS = Namespace(micro_batch=2, seq_len=16, total_batch_tokens=32, lr=1e-3, weight_decay=0.1, warmup_steps=1,
+                 max_steps=100, min_lr_ratio=0.1)
+
+
+def build_engine(config_name, fp32=False):
+    config = json.loads((REPO / "ds_configs" / config_name).read_text())
+    if fp32:
+        config.pop("bf16"), config.pop("data_types")
+    if "fp16" in config:
+        ds_engine.enable_cpu_fp16()
+        config["fp16"]["initial_scale_power"] = 6  # so that the 20x spike below is an outlier, not an overflow
+    torch.manual_seed(0)
+    return ds_engine.initialize(GPT(MODEL), ARGS, config, grad_accum=1)
+
+
+def step(engine, guard, scale=1.0):
+    """One step as train_ds.py takes it; `scale` multiplies the loss (nan: a NaN loss; large: a spike)."""
+    x = torch.randint(0, MODEL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(engine.global_steps))
+    _, loss = engine(x, x)
+    loss = loss * scale
+    if guard.check_loss(loss.item()):
+        loss = loss * float("nan")
+    skipped_before = engine.skipped_steps
+    engine.backward(loss)
+    engine.step()
+    skipped = engine.skipped_steps > skipped_before
+    guard.end_step(loss.item(), skipped)
+    return skipped
+
+
+def weights(engine):
+    return {k: v.clone() for k, v in engine.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("config,fp32,optimizer_class", [
+    ("zero1_bf16.json", False, "BF16_Optimizer"),
+    ("zero2_bf16.json", False, "DeepSpeedZeroOptimizer"),
+    ("zero1_fp16.json", False, "DeepSpeedZeroOptimizer"),
+    ("zero2_bf16.json", True, "DeepSpeedZeroOptimizer"),
+])
+def test_outliers_skip_the_whole_update(single_rank_group, config, fp32, optimizer_class):
+    engine = build_engine(config, fp32)
+    assert type(engine.optimizer).__name__ == optimizer_class
+    guard = SpikeGuard(loss_z=0.0, grad_z=4.0, min_history=3)
+    assert install_grad_norm_hook(engine, guard)
+    for _ in range(4):
+        assert not step(engine, guard)
+    before = weights(engine)
+    lr_before = engine.get_lr()[0]
+    assert step(engine, guard, scale=float("nan"))  # a NaN loss is skipped
+    assert guard.reason == "loss nan"
+    assert step(engine, guard, scale=20.0)  # a gradient-norm outlier is skipped (loss_z is off)
+    assert guard.reason.startswith("grad norm") and "sigma above the last 4" in guard.reason
+    after = weights(engine)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # no weight moved
+    assert engine.get_lr()[0] == lr_before  # nor did the schedule
+    assert not step(engine, guard)  # and training goes on
+    assert any(not torch.equal(before[k], v) for k, v in weights(engine).items())
+    assert guard.skipped == 2
+
+
+def test_loss_spikes_and_repeated_bad_steps():
+    guard = SpikeGuard(loss_z=3.0, min_history=5, max_bad_steps=3)
+    for loss in (3.0, 3.1, 2.9, 3.05, 2.95):
+        assert not guard.check_loss(loss)
+        assert guard.end_step(loss, skipped=False) is None
+    assert not guard.check_loss(3.08)  # inside the window's spread
+    guard.end_step(3.08, skipped=False)
+    assert guard.check_loss(9.0) and "sigma above the last 6" in guard.reason
+    assert guard.end_step(9.0, skipped=True) is None
+    assert guard.check_loss(math.nan) and guard.reason == "loss nan"
+    assert guard.end_step(math.nan, skipped=True) is None
+    assert guard.check_loss(math.inf)
+    assert guard.end_step(math.inf, skipped=True) == "3 bad steps in a row (last: loss inf)"
+    assert guard.skipped == 3
