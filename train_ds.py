@@ -18,6 +18,7 @@ from gpt.config import ConfigError, build_parser, precision, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
+from gpt.hf import load_hf_weights
 from gpt.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt.model import GPT
 from gpt.tokenizer import gpt2_tokenizer
@@ -82,6 +83,9 @@ def setup(args):
 
 def build(args, ds_config, model_config, grad_accum, device, run_config):
     model = GPT(model_config)
+    if args.init_from:
+        model.load_state_dict(load_hf_weights(args.init_from, model_config))
+        print0(f"initial weights from {args.init_from}")
     engine = ds_engine.initialize(model, args, ds_config, grad_accum)
     if args.compile:
         engine.compile()

@@ -49,6 +49,8 @@ def build_parser():
     p.add_argument("--keep_every", type=int, default=0, help="also keep every checkpoint whose step is a multiple of N")
     p.add_argument("--resume", default=None,
                    help="'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
+    p.add_argument("--init_from", default=None,
+                   help="a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
     p.add_argument("--skip_loss_z", type=float, default=0.0,
                    help="skip the update when the loss is this many sigmas above the recent window (0: off)")
     p.add_argument("--skip_grad_z", type=float, default=0.0,
@@ -136,6 +138,12 @@ def validate(args, world_size):
         try:
             grad_accum = gradient_accumulation(args, world_size)
         except ConfigError as e:
+            problems.append(str(e))
+    if args.init_from:
+        from gpt.hf import InteropError, check_hf_matches
+        try:
+            check_hf_matches(args.init_from, mconfig)
+        except InteropError as e:
             problems.append(str(e))
     try:
         check_shards(args.data, mconfig.vocab_size)

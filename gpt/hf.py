@@ -1,0 +1,151 @@
+"""Hugging Face GPT-2 interop: export a checkpoint as a `transformers` GPT2LMHeadModel directory
+(config.json + model.safetensors), and read such a directory as initial weights (--init_from).
+
+    gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.hf ...
+
+Our parameter names are HF's; two differences remain: HF's Conv1D stores Linear weights as (in, out),
+and our embedding is padded from 50257 to 50304 rows (the padding is dropped on export, zero on import).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from gpt.model import GPT2_VOCAB_SIZE, GPTConfig
+
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
+
+
+class InteropError(ValueError):
+    """A directory or checkpoint that cannot be converted, with the reason."""
+
+
+def hf_config(config):
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": GPT2_VOCAB_SIZE,
+            "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
+            "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 50256,
+            "eos_token_id": 50256, "tie_word_embeddings": True}
+
+
+def to_hf(state_dict):
+    """Our state dict -> HF GPT2LMHeadModel's (fp32, Conv1D layout, no vocab padding, lm_head tied)."""
+    out = {}
+    for name, tensor in state_dict.items():
+        if name == "lm_head.weight":
+            continue
+        tensor = tensor.float()
+        if name.endswith(CONV1D_WEIGHTS):
+            tensor = tensor.t()
+        if name == "transformer.wte.weight":
+            tensor = tensor[:GPT2_VOCAB_SIZE]
+        out[name] = tensor.contiguous()
+    return out
+
+
+def from_hf(hf_state_dict, config):
+    """HF GPT-2 state dict -> ours for `config`; padded vocabulary rows are zero."""
+    out = {}
+    for name, tensor in hf_state_dict.items():
+        name = name if name.startswith(("transformer.", "lm_head.")) else f"transformer.{name}"
+        if name.endswith(HF_BUFFERS) or name == "lm_head.weight":
+            continue
+        tensor = tensor.float()
+        if name.endswith(CONV1D_WEIGHTS):
+            tensor = tensor.t()
+        if name == "transformer.wte.weight":
+            tensor = torch.cat([tensor, tensor.new_zeros(config.vocab_size - len(tensor), tensor.shape[1])])
+        out[name] = tensor.contiguous()
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def read_hf_config(directory):
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise InteropError(f"{directory}: no config.json (not a Hugging Face model directory)")
+    hf = json.loads(path.read_text())
+    if hf.get("model_type") != "gpt2":
+        raise InteropError(f"{path}: model_type {hf.get('model_type')!r}, expected 'gpt2'")
+    return hf
+
+
+def check_hf_matches(directory, config):
+    """The model shape this run builds must be the directory's; name every difference."""
+    hf = read_hf_config(directory)
+    expected = {"n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd}
+    problems = [f"{k} {hf.get(k)} there, {v} here" for k, v in expected.items() if hf.get(k) != v]
+    if hf.get("n_positions", 0) < config.block_size:
+        problems.append(f"n_positions {hf.get('n_positions')} there, block_size {config.block_size} here")
+    if hf.get("vocab_size") != GPT2_VOCAB_SIZE:
+        problems.append(f"vocab_size {hf.get('vocab_size')} there, GPT-2's {GPT2_VOCAB_SIZE} expected")
+    if problems:
+        raise InteropError(f"{directory}: does not fit the model: " + "; ".join(problems))
+
+
+def load_hf_weights(directory, config):
+    """Weights of a HF GPT-2 directory (model.safetensors or pytorch_model.bin) for our model `config`."""
+    check_hf_matches(directory, config)
+    directory = Path(directory)
+    if (directory / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+        hf_state = load_file(directory / "model.safetensors")
+    elif (directory / "pytorch_model.bin").is_file():
+        hf_state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise InteropError(f"{directory}: no model.safetensors or pytorch_model.bin")
+    state = from_hf(hf_state, config)
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]  # n_positions may be larger
+    return state
+
+
+def checkpoint_weights(path):
+    """(fp32 state dict, GPTConfig) of one of our checkpoints: the optimizer's fp32 master weights where
+    DeepSpeed keeps them (bf16/fp16 runs), via its own zero_to_fp32 reader."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from gpt.checkpoint import CheckpointError, find_checkpoint, read_run_config
+    path = find_checkpoint(str(path), None)
+    try:
+        run = read_run_config(path)
+    except CheckpointError as e:
+        raise InteropError(str(e)) from None
+    config = GPTConfig(**run["model"])
+    if run["zero_stage"] == 0:
+        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    else:
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+    return {k: v.float() for k, v in state.items()}, config
+
+
+def export(checkpoint_path, out_dir):
+    from safetensors.torch import save_file
+
+    state, config = checkpoint_weights(checkpoint_path)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(to_hf(state), out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(hf_config(config), indent=2))
+    return out_dir
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
+    parser.add_argument("checkpoint", help="a checkpoint directory (or its checkpoints/ parent: the newest)")
+    parser.add_argument("--out_dir", required=True)
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out_dir)
+    except (InteropError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,75 @@
+"""Hugging Face interop: an exported checkpoint loads in transformers with the same logits; a HF
+directory imports as initial weights (round trip); bad directories are clear errors."""
+import json
+
+import pytest
+import torch
+import transformers
+
+from conftest import TINY, train
+from gpt.hf import InteropError, export, load_hf_weights
+from gpt.model import GPT, PRESETS
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory, shakespeare_dir):
+    out = tmp_path_factory.mktemp("trained")
+    train(out, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3",
+          "--ds_config", "ds_configs/zero2_bf16.json")
+    return out / "checkpoints"
+
+
+def our_model(state):
+    model = GPT(PRESETS["tiny"]).eval()
+    model.load_state_dict(state)
+    return model
+
+
+def test_export_loads_in_transformers_with_the_same_logits(trained_checkpoint, tmp_path):
+    from gpt.hf import checkpoint_weights
+    export(trained_checkpoint, tmp_path / "hf")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    state, config = checkpoint_weights(trained_checkpoint)
+    x = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, _ = our_model(state)(x)
+        theirs = hf(x).logits
+    assert theirs.shape == (2, 64, 50257)
+    assert torch.allclose(ours[..., :50257], theirs, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(state["transformer.h.0.attn.c_attn.weight"],
+                              GPT(PRESETS["tiny"]).state_dict()["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_import_round_trips_and_matches_transformers(trained_checkpoint, tmp_path):
+    from gpt.hf import checkpoint_weights
+    export(trained_checkpoint, tmp_path / "hf")
+    imported = load_hf_weights(tmp_path / "hf", PRESETS["tiny"])
+    state, _ = checkpoint_weights(trained_checkpoint)
+    for name, tensor in state.items():
+        expected = tensor.clone()
+        if name in ("transformer.wte.weight", "lm_head.weight"):
+            expected[50257:] = 0  # padding rows are not part of GPT-2's vocabulary
+        assert torch.equal(imported[name], expected), name
+
+
+def test_training_starts_from_a_hf_directory(trained_checkpoint, tmp_path, shakespeare_dir):
+    export(trained_checkpoint, tmp_path / "hf")
+    records, proc = train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
+                          "--init_from", str(tmp_path / "hf"))
+    assert f"initial weights from {tmp_path / 'hf'}" in proc.stdout
+    assert records[0]["loss"] < 10.5  # a fresh initialisation starts at ~10.83
+
+
+def test_a_directory_of_another_shape_is_a_clear_error(trained_checkpoint, tmp_path):
+    export(trained_checkpoint, tmp_path / "hf")
+    with pytest.raises(InteropError) as error:
+        load_hf_weights(tmp_path / "hf", PRESETS["d12"])
+    assert str(error.value) == (f"{tmp_path / 'hf'}: does not fit the model: n_layer 2 there, 12 here; "
+                                f"n_head 2 there, 12 here; n_embd 64 there, 768 here; "
+                                f"n_positions 256 there, block_size 1024 here")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(InteropError, match="model_type 'llama', expected 'gpt2'"):
+        load_hf_weights(tmp_path / "other", PRESETS["tiny"])
+    with pytest.raises(InteropError, match="no config.json"):
+        load_hf_weights(tmp_path, PRESETS["tiny"])
