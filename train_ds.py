@@ -94,7 +94,8 @@ def build(args, ds_config, model_config, grad_accum, device, run_config):
                                        world_size, seed=args.seed, pin_memory=device.type == "cuda")
     val_set = ValidationSet(find_shards(args.data, "val"), args.seq_len, args.val_tokens // args.seq_len,
                             args.micro_batch, rank, world_size)
-    guard = SpikeGuard(args.skip_loss_z, args.skip_grad_z, max_bad_steps=args.max_bad_steps)
+    guard = SpikeGuard(args.skip_loss_z, args.skip_grad_z, max_bad_steps=args.max_bad_steps,
+                       fp16=precision(ds_config) == "fp16")
     guard_active = install_grad_norm_hook(engine, guard)
     n_params = model.num_params() - model.transformer.wpe.weight.numel()  # wpe is a lookup, not a matmul
     peak, peak_label = peak_flops(device.type, precision(ds_config))
@@ -203,9 +204,9 @@ def fit(args, run, start_step):
             metrics["mfu"] = run.flops_per_step / dt / (run.peak_flops * run.world_size)
         run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
-        if skipped:
-            print0(f"step {step:5d} | update skipped: {run.guard.reason or 'non-finite gradients'}")
         bad = run.guard.end_step(loss, skipped)
+        if skipped:
+            print0(f"step {step:5d} | update skipped: {run.guard.reason}")
         if bad:
             raise StopTraining(bad)
         if args.val_every and (step % args.val_every == 0 or last):

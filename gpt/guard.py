@@ -12,8 +12,9 @@ from collections import deque
 
 
 class SpikeGuard:
-    def __init__(self, loss_z=0.0, grad_z=0.0, window=100, min_history=10, max_bad_steps=5):
+    def __init__(self, loss_z=0.0, grad_z=0.0, window=100, min_history=10, max_bad_steps=5, fp16=False):
         self.loss_z, self.grad_z = loss_z, grad_z  # 0 = that check is off
+        self.fp16 = fp16  # skipped steps without a guard reason are then loss-scale overflows, not bad steps
         self.losses, self.norms = deque(maxlen=window), deque(maxlen=window)
         self.min_history, self.max_bad_steps = min_history, max_bad_steps
         self.bad_in_a_row = 0
@@ -54,6 +55,9 @@ class SpikeGuard:
 
     def end_step(self, loss, skipped):
         """After the step: record it; returns a reason to stop the run, if any."""
+        if skipped and self.reason is None and self.fp16:
+            self.reason = "fp16 overflow: the loss scale was lowered"
+            return None  # DeepSpeed's loss scaler owns these (and stops at min_loss_scale)
         if skipped:
             self.skipped += 1
             self.bad_in_a_row += 1

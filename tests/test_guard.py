@@ -88,3 +88,15 @@ def test_loss_spikes_and_repeated_bad_steps():
     assert guard.check_loss(math.inf)
     assert guard.end_step(math.inf, skipped=True) == "3 bad steps in a row (last: loss inf)"
     assert guard.skipped == 3
+
+
+def test_fp16_overflows_are_not_bad_steps():
+    guard = SpikeGuard(max_bad_steps=2, fp16=True)
+    for _ in range(5):
+        assert not guard.check_loss(3.0)  # a finite loss whose gradients overflowed in fp16
+        assert guard.end_step(3.0, skipped=True) is None
+    assert guard.skipped == 0 and guard.reason == "fp16 overflow: the loss scale was lowered"
+    assert guard.check_loss(math.nan)
+    guard.end_step(math.nan, skipped=True)
+    assert guard.check_loss(math.nan)
+    assert guard.end_step(math.nan, skipped=True) == "2 bad steps in a row (last: loss nan)"
