@@ -14,7 +14,7 @@ import torch
 
 from gpt import checkpoint
 from gpt import engine as ds_engine
-from gpt.config import ConfigError, build_parser, precision, validate
+from gpt.config import ConfigError, build_parser, precision, resolve_auto_micro_batch, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
@@ -69,6 +69,10 @@ def setup(args):
     join the process group."""
     world_size = ds_engine.launched_world_size()
     try:
+        if args.micro_batch == "auto":
+            plan = resolve_auto_micro_batch(args, world_size)
+            if ds_engine.launched_rank() == 0:
+                print(plan, flush=True)
         ds_config, model_config, grad_accum = validate(args, world_size)
         run_config = run_config_of(args, ds_config, model_config, world_size)
         resume_from = checkpoint.find_checkpoint(args.resume, args.out_dir) if args.resume else None

@@ -28,7 +28,8 @@ def build_parser():
     p.add_argument("--n_head", type=int, help="override the preset's head count")
     p.add_argument("--vocab_size", type=int, default=50304, help="GPT-2's 50257 padded to a multiple of 128")
     p.add_argument("--seq_len", type=int, default=1024, help="tokens per sequence (<= block_size)")
-    p.add_argument("--micro_batch", type=int, default=16, help="sequences per rank per forward pass")
+    p.add_argument("--micro_batch", type=micro_batch_arg, default=16,
+                   help="sequences per rank per forward pass, or 'auto': the memory planner's choice for this device")
     p.add_argument("--total_batch_tokens", type=int, default=GPT3_TOKENS_PER_STEP,
                    help="tokens per optimizer step over all ranks; sets gradient accumulation")
     p.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 0.5M = 10B tokens)")
@@ -63,6 +64,27 @@ def build_parser():
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                    help="set by the deepspeed launcher")
     return p
+
+
+def micro_batch_arg(text):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
+
+
+def resolve_auto_micro_batch(args, world_size):
+    """--micro_batch auto: ask the planner; returns the plan's text for the log."""
+    from gpt.plan import PlanError, auto_micro_batch
+
+    try:
+        args.micro_batch, text = auto_micro_batch(model_config(args), args.seq_len, load_ds_config(args.ds_config),
+                                                  world_size, args.total_batch_tokens)
+    except PlanError as e:
+        raise ConfigError(f"--micro_batch auto: {e}") from None
+    return text
 
 
 def load_ds_config(path):

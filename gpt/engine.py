@@ -1,8 +1,10 @@
 """Everything DeepSpeed: process group, config filling, the engine, precision switches, step statistics."""
+import atexit
 import copy
 import math
 import os
 import socket
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -48,6 +50,7 @@ def setup_distributed(allow_cpu_fp16=False):
         # Each rank would otherwise start one thread per core: 2 ranks on 2 cores oversubscribe.
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+        atexit.register(release_cpu_comm_buffer)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
@@ -55,6 +58,16 @@ def setup_distributed(allow_cpu_fp16=False):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accelerator.set_device(local_rank)
     return torch.device(accelerator.device_name(local_rank))
+
+
+def release_cpu_comm_buffer():
+    """DeepSpeed's CPU shared-memory allreduce creates a 66 MB buffer per rank in /dev/shm and never
+    unlinks it (its shared_close is not called at exit), so every run would leak RAM: remove ours."""
+    env = os.environ
+    for rank_key in ("RANK", "LOCAL_RANK"):
+        name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR')}_{env.get('MASTER_PORT')}"
+                f"_{env.get(rank_key)}")
+        Path("/dev/shm", name).unlink(missing_ok=True)
 
 
 def enable_cpu_fp16():

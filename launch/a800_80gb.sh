@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPT-2 124M on 8x A800 80GB (A100 80GB likewise; launch/h800_80gb.sh reuses it): bf16, ZeRO-1,
-# micro_batch 64 (build-nanogpt's figure on 80GB), torch.compile; 524288 tokens/step = 64 x 1024 x 8 GPUs,
-# no accumulation. Larger models: --model d24 with ds_configs/zero2_bf16_ckpt.json and a smaller micro_batch.
+# torch.compile, the planner's micro-batch (planned: 64 x 1024 x 8 GPUs = 524288 tokens/step, no
+# accumulation; build-nanogpt ran 64 on 80GB). Larger models: --model d24 with ds_configs/zero2_bf16_ckpt.json and a smaller micro_batch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/require_gpus.sh
+python -m gpt.plan --model d12 --seq_len 1024 --ds_config ds_configs/zero1_bf16.json --gpu ${GPU_PLAN:-a800-80gb} --world_size "${NUM_GPUS:-8}"
 require_gpus "${GPU_NAME:-A800}" 80
 deepspeed --num_gpus "${NUM_GPUS:-8}" train_ds.py --ds_config ds_configs/zero1_bf16.json \
-  --model d12 --seq_len 1024 --micro_batch 64 --data "${DATA:-data/fineweb10B}" --out_dir runs/d12_bf16 --compile "$@"
+  --model d12 --seq_len 1024 --micro_batch auto --data "${DATA:-data/fineweb10B}" --out_dir runs/d12_bf16 --compile "$@"

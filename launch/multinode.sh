@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/require_gpus.sh
+python -m gpt.plan --model d12 --seq_len 1024 --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" \
+  --gpu "${GPU_PLAN:-a800-80gb}" --world_size "${WORLD_SIZE:-16}"
 require_gpus "${GPU_NAME:-A800}" "${GPU_GB:-80}"
 deepspeed --hostfile "${HOSTFILE:-hostfile}" --master_addr "${MASTER_ADDR:-$(hostname)}" --master_port 29500 \
-  train_ds.py --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model d12 --micro_batch 32 \
+  train_ds.py --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model d12 --micro_batch auto \
   --data "${DATA:-data/fineweb10B}" --out_dir runs/multinode_d12 "$@"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPT-2 124M on 8x V100 32GB. V100 has no bf16: fp16 with dynamic loss scaling, LayerNorm/softmax/loss
-# in fp32. ZeRO-2 partitions gradients and optimizer states. micro_batch 16 is a planned figure (issue 5's
-# planner will pick it); 524288 tokens/step = 16 x 1024 x 8 GPUs x 4 accumulation steps.
+# in fp32. ZeRO-2 partitions gradients and optimizer states. The plan is printed first; --micro_batch auto
+# lets the planner pick on the GPU itself (planned: 32 x 1024 x 8 GPUs x 2 accumulation steps = 524288).
 # If the log shows "Current loss scale already at minimum": switch to a bf16 GPU, or raise
 # hysteresis / lower initial_scale_power in ds_configs/zero2_fp16.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/require_gpus.sh
+python -m gpt.plan --model d12 --seq_len 1024 --ds_config ds_configs/zero2_fp16.json --gpu v100-32gb --world_size "${NUM_GPUS:-8}"
 require_gpus V100 32
 deepspeed --num_gpus "${NUM_GPUS:-8}" train_ds.py --ds_config ds_configs/zero2_fp16.json \
-  --model d12 --seq_len 1024 --micro_batch 16 --data "${DATA:-data/fineweb10B}" --out_dir runs/v100_d12 "$@"
+  --model d12 --seq_len 1024 --micro_batch auto --data "${DATA:-data/fineweb10B}" --out_dir runs/v100_d12 "$@"

@@ -55,14 +55,15 @@ def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **
     return str(path)
 
 
-def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=()):
+def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=(), port=None):
     """Run train_ds.py; return (records from metrics.jsonl, completed process)."""
+    port = port or free_port()
     launcher = launcher or ("python" if ranks == 1 else "deepspeed")
     script = [str(REPO / "train_ds.py"), "--data", str(data_dir), "--out_dir", str(out_dir), *args, *extra]
     if launcher == "python":
         cmd = [sys.executable, *script]
     elif launcher == "deepspeed":
-        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()), *script]
+        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), *script]
     else:  # torchrun
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_port", str(free_port()), *script]

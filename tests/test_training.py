@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY, train, train_losses, write_ds_config
+from pathlib import Path
+
+from conftest import TINY, free_port, train, train_losses, write_ds_config
 from gpt.engine import lr_at
 
 FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
@@ -73,12 +75,23 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, shakes
 
 
 def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
+    port = free_port()
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "1024",
                           "--ds_config", "ds_configs/zero1_bf16.json", "--val_every", "2", "--val_tokens", "512",
-                          ranks=2, launcher="torchrun")
+                          ranks=2, launcher="torchrun", port=port)
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2]
     assert [r["step"] for r in records if "val_loss" in r] == [0, 2]
     assert "2 rank(s)" in proc.stdout
+    # DeepSpeed's CPU allreduce buffers (66 MB a rank in /dev/shm) are released at exit, not leaked
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+
+
+def test_micro_batch_auto_asks_the_planner(tmp_path, shakespeare_dir):
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--micro_batch", "auto", "--max_steps", "2",
+                          "--total_batch_tokens", "4096")
+    assert "--micro_batch auto on CPU RAM / 1 local rank(s)" in proc.stdout
+    assert "for the token budget: micro-batch 64 x grad_accum 1" in proc.stdout
+    assert "1 rank(s) x micro_batch 64 x seq_len 64 x grad_accum 1" in proc.stdout
 
 
 def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir):

@@ -1,0 +1,83 @@
+"""How large can batches grow: the planner's table (and chart) for GPT-2 sizes on a 32 GB V100 and an
+80 GB A800/H800, ZeRO-1/2, activation checkpointing off/on, seq_len 1024, 8 GPUs, 524288 tokens/step.
+
+    python bench/batch_report.py --chart docs/batch_growth.png      # prints the README's markdown table
+
+Planned, not measured: model states are exact for DeepSpeed 0.19 (tests/test_plan.py), activations come
+from a fit measured on CPU; the context reserve and allocator margin are estimates.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpt.config import load_ds_config  # noqa: E402
+from gpt.model import PRESETS  # noqa: E402
+from gpt.plan import GPUS, PlanError, make_plan  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = [("d12", "124M"), ("d24", "350M"), ("d36", "774M"), ("d48", "1.5B")]
+SETUPS = [("V100-32GB", "v100-32gb", "fp16"), ("A800/H800-80GB", "a800-80gb", "bf16")]
+
+
+def rows(world_size=8, seq_len=1024, total_batch_tokens=524288):
+    for model, size in MODELS:
+        for gpu_label, gpu, precision in SETUPS:
+            for stage in (1, 2):
+                for checkpointing in (False, True):
+                    name = f"zero{stage}_{precision}{'_ckpt' if checkpointing else ''}.json"
+                    try:
+                        plan = make_plan(PRESETS[model], seq_len, load_ds_config(REPO / "ds_configs" / name),
+                                         world_size, GPUS[gpu], total_batch_tokens)
+                        micro, accum, biggest = plan["micro_batch"], plan["grad_accum"], plan["max_micro_batch"]
+                    except PlanError:
+                        micro = accum = biggest = None
+                    yield dict(model=model, size=size, gpu=gpu_label, stage=stage, checkpointing=checkpointing,
+                               config=name, max_micro_batch=biggest, micro_batch=micro, grad_accum=accum)
+
+
+def markdown(table):
+    lines = ["| model | GPU | ZeRO | ckpt | max micro-batch | micro × accumulation (8 GPUs, 0.5M tokens) |",
+             "|---|---|---|---|---|---|"]
+    for r in table:
+        fits = f"{r['micro_batch']} × {r['grad_accum']}" if r["micro_batch"] else "does not fit"
+        lines.append(f"| {r['model']} ({r['size']}) | {r['gpu']} | {r['stage']} | {'on' if r['checkpointing'] else 'off'} "
+                     f"| {r['max_micro_batch'] or '—'} | {fits} |")
+    return "\n".join(lines)
+
+
+def chart(table, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (gpu_label, _, _) in zip(axes, SETUPS):
+        series = [(stage, ckpt) for stage in (1, 2) for ckpt in (False, True)]
+        width = 0.2
+        for i, (stage, ckpt) in enumerate(series):
+            values = [next(r["max_micro_batch"] or 0 for r in table if r["model"] == m and r["gpu"] == gpu_label
+                           and r["stage"] == stage and r["checkpointing"] == ckpt) for m, _ in MODELS]
+            ax.bar([x + (i - 1.5) * width for x in range(len(MODELS))], values, width,
+                   label=f"ZeRO-{stage}, checkpointing {'on' if ckpt else 'off'}")
+        ax.set_xticks(range(len(MODELS)), [f"{m}\n{s}" for m, s in MODELS])
+        ax.set_title(f"{gpu_label}, T=1024, 8 GPUs (planned)")
+        ax.set_yscale("log", base=2)
+    axes[0].set_ylabel("largest micro-batch that fits")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chart", help="write the PNG chart here (needs matplotlib)")
+    args = parser.parse_args()
+    table = list(rows())
+    print(markdown(table))
+    if args.chart:
+        chart(table, args.chart)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""Memory planner: how large a micro-batch fits one GPU for a model, DeepSpeed config and world size.
+
+    gpt-plan --model d12 --seq_len 1024 --ds_config ds_configs/zero1_bf16.json --gpu a800-80gb --world_size 8
+
+Per GPU it adds up
+- model states, as DeepSpeed 0.19 holds them for the config's precision and ZeRO stage (parameters,
+  gradients, fp32 master weights, Adam's two moments, BF16_Optimizer's full fp32 gradient buffer, ZeRO
+  communication buckets);
+- activations saved for backward, from coefficients *measured* on the real model (`profile`): a short
+  CPU pass counts the bytes autograd saves (saved-tensor hooks) at small sizes and fits
+      bytes per token = n_layer * (a * n_embd + b * n_head) + c * n_embd + d * vocab + e,
+  one fit per precision and checkpointing setting. In Korthikanti et al. (2022) terms a layer saves
+  s*b*h*(34 + 5*a*s/h) bytes in 16-bit; with SDPA's flash/memory-efficient kernels the 5as/h score term
+  is gone (only a per-head logsumexp remains, the b * n_head term), and the fit measures the 34 term
+  for this model (our LayerNorm and loss in fp32 make it larger); full recomputation saves ~2sbh per
+  layer (the block input), plus one layer's activations while it is recomputed;
+- the loss's transient buffers (the logits gradient in fp32), a framework/context reserve and an
+  allocator margin,
+and returns the largest micro-batch that fits and the gradient accumulation for --total_batch_tokens.
+"""
+import argparse
+import functools
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt.model import GPT, PRESETS, GPTConfig
+
+GiB = 2**30
+GPUS = {  # usable device memory as the driver reports it
+    "v100-16gb": 16 * GiB, "v100-32gb": 32 * GiB, "a100-40gb": 40 * GiB, "a100-80gb": 80 * GiB,
+    "a800-80gb": 80 * GiB, "h100-80gb": 80 * GiB, "h800-80gb": 80 * GiB, "h200-141gb": 141 * 10**9,
+    "rtx3090-24gb": 24 * GiB, "rtx4090-24gb": 24 * GiB,
+}
+CONTEXT_RESERVE = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspaces: an estimate, not measured here
+ALLOCATOR_MARGIN = 0.05  # of device memory, for the caching allocator's fragmentation: an estimate
+MAX_MICRO_BATCH = 4096
+# Shapes the activation fit is measured on (n_layer, n_head, n_embd, vocab, batch, seq_len): small, varied.
+PROFILE_SHAPES = [(2, 2, 64, 512, 2, 32), (3, 2, 64, 512, 2, 32), (2, 4, 64, 512, 2, 32),
+                  (2, 2, 128, 512, 2, 32), (2, 2, 64, 1024, 2, 32), (2, 2, 64, 512, 4, 64)]
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made, with the reason."""
+
+
+def element_bytes(precision):
+    return 2 if precision in ("bf16", "fp16") else 4
+
+
+# -- model states ----------------------------------------------------------------------------------
+def model_state_bytes(n_params, precision, stage, world_size, ds_config=None):
+    """Bytes per GPU of what DeepSpeed 0.19 keeps for parameters and the optimizer (AdamW).
+
+    Half precision: 16-bit parameters and gradients, fp32 master weights, fp32 gradient partition
+    (created at the step), two fp32 Adam moments; ZeRO-1 partitions the fp32 states, ZeRO-2 also the
+    gradients. bf16 + ZeRO-1 + fp32 gradient accumulation is DeepSpeed's BF16_Optimizer, which keeps a
+    full (unpartitioned) fp32 gradient buffer instead. fp32: parameters are the master weights."""
+    ds_config = ds_config or {}
+    psi, n, e = n_params, world_size, element_bytes(precision)
+    partition = (lambda x: x / n) if stage >= 1 else (lambda x: x)
+    fp32_accumulation = ds_config.get("data_types", {}).get("grad_accum_dtype") == "fp32"
+    parts = {"parameters": e * psi}
+    if precision == "fp32":  # ZeRO 1/2 still keep their own fp32 copy of each partition as master weights
+        parts["gradients"] = 4 * psi / n if stage >= 2 else 4 * psi
+        parts["master_weights"] = 4 * psi / n if stage >= 1 else 0
+        parts["optimizer_states"] = partition(8 * psi)
+    elif precision == "bf16" and stage == 1 and fp32_accumulation:  # BF16_Optimizer
+        parts["gradients"] = 4 * psi  # the full fp32 gradient buffer
+        parts["master_weights"] = partition(4 * psi)
+        parts["optimizer_states"] = partition(8 * psi)
+    else:
+        parts["gradients"] = e * psi / n if stage >= 2 else e * psi
+        parts["fp32_gradients"] = partition(4 * psi) if stage >= 1 else 0
+        parts["master_weights"] = partition(4 * psi)
+        parts["optimizer_states"] = partition(8 * psi)
+    parts["buckets"] = bucket_bytes(ds_config, precision, stage)
+    return parts
+
+
+def bucket_bytes(ds_config, precision, stage):
+    """ZeRO's communication buffers: the reduce bucket (twice with overlap_comm, which double-buffers
+    it) and the all-gather bucket, in the gradient dtype."""
+    if stage == 0:
+        return 0
+    zero = ds_config.get("zero_optimization", {})
+    e = element_bytes(precision)
+    reduce = float(zero.get("reduce_bucket_size", 5e8)) * e * (2 if zero.get("overlap_comm") else 1)
+    return reduce + float(zero.get("allgather_bucket_size", 5e8)) * e
+
+
+def zero_paper_model_states(n_params, stage, world_size):
+    """The ZeRO paper's accounting (Rajbhandari et al. 2020, fig. 1): mixed-precision Adam, K = 12."""
+    psi, n = n_params, world_size
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}[stage]
+
+
+# -- activations -----------------------------------------------------------------------------------
+def measure_activation_bytes(config, batch, seq_len, precision, checkpointing):
+    """Bytes autograd saves for backward in one forward of the real model (parameters excluded), as
+    DeepSpeed runs it: the whole model cast to the half dtype, loss in fp32."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    model = GPT(config).to(dtype)
+    if checkpointing:
+        model.checkpoint_fn = lambda fn, *args: torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    x = torch.randint(0, config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(x, x)
+    return sum(saved.values())
+
+
+def _features(n_layer, n_head, n_embd, vocab):
+    return [n_layer * n_embd, n_layer * n_head, n_embd, vocab, 1.0]
+
+
+@functools.lru_cache(maxsize=None)
+def activation_fit(precision, checkpointing):
+    """Coefficients (a, b, c, d, e) of bytes per token, least-squares fitted to measurements."""
+    torch.manual_seed(0)
+    rows, targets = [], []
+    for n_layer, n_head, n_embd, vocab, batch, seq_len in PROFILE_SHAPES:
+        config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=seq_len, vocab_size=vocab)
+        rows.append(_features(n_layer, n_head, n_embd, vocab))
+        targets.append(measure_activation_bytes(config, batch, seq_len, precision, checkpointing) / (batch * seq_len))
+    coefficients, *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
+    return tuple(float(c) for c in coefficients)
+
+
+def saved_activation_bytes(config, batch, seq_len, precision, checkpointing):
+    """Predicted bytes autograd saves for backward (what measure_activation_bytes counts)."""
+    fit = activation_fit(precision, checkpointing)
+    return float(np.dot(fit, _features(config.n_layer, config.n_head, config.n_embd, config.vocab_size))) * batch * seq_len
+
+
+def activation_bytes(config, batch, seq_len, precision, checkpointing):
+    """Activations at the backward peak: the saved ones, and with checkpointing the one layer being
+    recomputed, which holds a full layer's activations meanwhile."""
+    total = saved_activation_bytes(config, batch, seq_len, precision, checkpointing)
+    if checkpointing:
+        full = activation_fit(precision, False)
+        total += (full[0] * config.n_embd + full[1] * config.n_head) * batch * seq_len
+    return total
+
+
+# -- the plan --------------------------------------------------------------------------------------
+def plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing, device_bytes):
+    parts = dict(model_state_bytes(n_params, precision, stage, world_size, ds_config))
+    parts["activations"] = activation_bytes(config, batch, seq_len, precision, checkpointing)
+    # backward of the fp32 loss: the logits' gradient in fp32 and its cast to the compute dtype
+    parts["loss_buffers"] = batch * seq_len * config.vocab_size * (4 + element_bytes(precision))
+    parts["context_reserve"] = CONTEXT_RESERVE
+    parts["allocator_margin"] = ALLOCATOR_MARGIN * device_bytes
+    return parts
+
+
+def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens):
+    from gpt.config import precision as precision_of, uses_activation_checkpointing
+
+    precision = precision_of(ds_config)
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    checkpointing = uses_activation_checkpointing(ds_config)
+    with torch.device("meta"):
+        n_params = GPT(config).num_params()
+
+    def total(batch):
+        return sum(plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config,
+                              checkpointing, device_bytes).values())
+
+    if total(1) > device_bytes:
+        parts = plan_bytes(config, n_params, 1, seq_len, precision, stage, world_size, ds_config, checkpointing,
+                           device_bytes)
+        raise PlanError(f"even micro-batch 1 needs {total(1) / GiB:.1f} GiB of the GPU's {device_bytes / GiB:.1f} GiB "
+                        f"(model states {sum(v for k, v in parts.items() if k in MODEL_STATE_PARTS) / GiB:.1f} GiB); "
+                        f"use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory")
+    low, high = 1, MAX_MICRO_BATCH  # total() grows with the batch: bisect for the largest that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if total(mid) <= device_bytes else (low, mid - 1)
+    per_micro_step = seq_len * world_size
+    fitting = [b for b in range(low, 0, -1) if total_batch_tokens % (b * per_micro_step) == 0]
+    micro = fitting[0] if fitting else None
+    parts = plan_bytes(config, n_params, micro or low, seq_len, precision, stage, world_size, ds_config,
+                       checkpointing, device_bytes)
+    return {"max_micro_batch": low, "micro_batch": micro,
+            "grad_accum": total_batch_tokens // (micro * per_micro_step) if micro else None,
+            "total_bytes": sum(parts.values()), "gpu_bytes": device_bytes, "bytes": parts,
+            "n_params": n_params, "precision": precision, "zero_stage": stage, "checkpointing": checkpointing,
+            "world_size": world_size, "seq_len": seq_len}
+
+
+MODEL_STATE_PARTS = ("parameters", "gradients", "fp32_gradients", "master_weights", "optimizer_states", "buckets")
+
+
+def resident_model_state_bytes(n_params, precision, stage, world_size, ds_config):
+    """The model states that stay allocated between steps (gradients and ZeRO buckets exist only during
+    backward and the step; BF16_Optimizer's fp32 gradient buffer stays)."""
+    parts = model_state_bytes(n_params, precision, stage, world_size, ds_config)
+    bf16_optimizer = precision == "bf16" and stage == 1 and "fp32_gradients" not in parts
+    resident = ["parameters", "master_weights", "optimizer_states"] + (["gradients"] if bf16_optimizer else [])
+    return sum(parts.get(name, 0) for name in resident)
+
+
+def device_memory_bytes():
+    """This rank's device memory: the GPU's total, or on CPU the available RAM shared by the local ranks."""
+    import os
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, torch.cuda.get_device_name()
+    import psutil
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
+    return psutil.virtual_memory().available / local_ranks, f"CPU RAM / {local_ranks} local rank(s)"
+
+
+def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens):
+    """(micro-batch, the plan as text) for --micro_batch auto on this machine's device."""
+    device_bytes, device = device_memory_bytes()
+    plan = make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens)
+    if plan["micro_batch"] is None:
+        raise PlanError(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
+                        f"{total_batch_tokens} into seq_len {seq_len} x {world_size} rank(s)")
+    return plan["micro_batch"], format_plan(plan, f"--micro_batch auto on {device}")
+
+
+def format_plan(plan, label):
+    lines = [f"{label}: {plan['n_params'] / 1e6:.0f}M parameters, {plan['precision']}, ZeRO {plan['zero_stage']}, "
+             f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['world_size']} rank(s), "
+             f"seq_len {plan['seq_len']}"]
+    for name, value in plan["bytes"].items():
+        lines.append(f"  {name:18s} {value / GiB:8.2f} GiB")
+    lines.append(f"  {'total':18s} {plan['total_bytes'] / GiB:8.2f} GiB of {plan['gpu_bytes'] / GiB:.2f} GiB "
+                 f"at micro-batch {plan['micro_batch'] or plan['max_micro_batch']}")
+    lines.append(f"max micro-batch {plan['max_micro_batch']}; for the token budget: micro-batch "
+                 f"{plan['micro_batch']} x grad_accum {plan['grad_accum']}")
+    return "\n".join(lines)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Plan per-GPU memory and the largest micro-batch.")
+    p.add_argument("--model", default="d12", choices=sorted(PRESETS))
+    p.add_argument("--n_layer", type=int)
+    p.add_argument("--n_embd", type=int)
+    p.add_argument("--n_head", type=int)
+    p.add_argument("--seq_len", type=int, default=1024)
+    p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json")
+    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
+    p.add_argument("--gpu_mem", type=float, help="device memory in GiB, for a GPU not in the table")
+    p.add_argument("--world_size", type=int, default=8)
+    p.add_argument("--total_batch_tokens", type=int, default=524288)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv=None):
+    from gpt.config import ConfigError, load_ds_config
+
+    args = build_parser().parse_args(argv)
+    try:
+        if args.gpu_mem is None and args.gpu is None:
+            raise PlanError("give --gpu (one of " + ", ".join(sorted(GPUS)) + ") or --gpu_mem GiB")
+        device_bytes = args.gpu_mem * GiB if args.gpu_mem is not None else GPUS[args.gpu]
+        config = replace(PRESETS[args.model], **{k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head")
+                                                   if getattr(args, k) is not None})
+        if args.seq_len > config.block_size:
+            raise PlanError(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size}")
+        plan = make_plan(config, args.seq_len, load_ds_config(args.ds_config), args.world_size, device_bytes,
+                         args.total_batch_tokens)
+    except (PlanError, ConfigError) as e:
+        sys.exit(f"error: {e}")
+    if args.json:
+        print(json.dumps(plan))
+    else:
+        print(format_plan(plan, f"{args.model} on {args.gpu or f'{args.gpu_mem:g} GiB'}"))
+
+
+if __name__ == "__main__":
+    main()

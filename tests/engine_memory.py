@@ -1,0 +1,73 @@
+"""Run by tests/test_plan.py under the deepspeed launcher: build a real engine, take two steps, and print
+(as JSON, from each rank) the bytes of every tensor the module and the optimizer own, deduplicated by
+storage, next to the planner's resident model states for the same setting."""
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpt import engine as ds_engine  # noqa: E402
+from gpt.config import precision  # noqa: E402
+from gpt.model import GPT, GPTConfig  # noqa: E402
+from gpt.plan import resident_model_state_bytes  # noqa: E402
+
+
+def owned_bytes(engine):
+    """Sum of storages reachable from the module's parameters (and grads) and the optimizer's attributes."""
+    seen = {}
+
+    def walk(obj, depth=0):
+        if depth > 8:
+            return
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr():
+                seen[storage.data_ptr()] = storage.nbytes()
+            if obj.is_leaf and obj.grad is not None:
+                walk(obj.grad, depth + 1)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                walk(value, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                walk(value, depth + 1)
+        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():
+                walk(value, depth + 1)
+
+    for parameter in engine.module.parameters():
+        walk(parameter)
+    walk(engine.optimizer)
+    return sum(seen.values())
+
+
+def main():
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
+    config_path, stage, fp32 = argv[0], int(argv[1]), argv[2] == "fp32"
+    config = json.loads(Path(config_path).read_text())
+    device = ds_engine.setup_distributed(allow_cpu_fp16="fp16" in config)
+    config["zero_optimization"]["stage"] = stage
+    if fp32:
+        config.pop("bf16", None), config.pop("data_types", None)
+    world = ds_engine.world_size()
+    args = Namespace(micro_batch=2, seq_len=16, total_batch_tokens=32 * world, lr=1e-3, weight_decay=0.1,
+                     warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=1024))
+    n_params = model.num_params()
+    engine = ds_engine.initialize(model, args, config, grad_accum=1)
+    for _ in range(2):
+        x = torch.randint(0, 1024, (2, 16), device=device)
+        _, loss = engine(x, x)
+        engine.backward(loss)
+        engine.step()
+    planned = resident_model_state_bytes(n_params, precision(config), stage, world, config)
+    print("ENGINE_MEMORY " + json.dumps({"rank": ds_engine.rank(), "optimizer": type(engine.optimizer).__name__,
+                                         "owned": owned_bytes(engine), "planned": planned}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

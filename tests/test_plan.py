@@ -1,0 +1,112 @@
+"""The memory planner: model states equal DeepSpeed's estimator, the ZeRO paper and the bytes a real
+2-rank engine holds; activations measured at unseen sizes match the fitted prediction; the search
+behaves; bad input is a clear error."""
+import json
+import subprocess
+import sys
+
+import pytest
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+from conftest import REPO, free_port
+from gpt.model import GPTConfig
+from gpt.plan import (GiB, MODEL_STATE_PARTS, PlanError, make_plan, measure_activation_bytes, model_state_bytes,
+                      saved_activation_bytes, zero_paper_model_states)
+from gpt.config import load_ds_config
+
+
+@pytest.mark.parametrize("world_size", [1, 8, 64])
+def test_zero2_model_states_equal_deepspeeds_estimator(world_size):
+    psi = 124_475_904
+    parts = model_state_bytes(psi, "fp16", 2, world_size)
+    planned = sum(v for k, v in parts.items() if k != "buckets")
+    _, deepspeed_gpu_bytes = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=world_size, cpu_offload=False)
+    assert int(planned) == deepspeed_gpu_bytes  # 2 psi + 18 psi / N
+
+
+def test_zero_paper_example_7_5b_on_64_gpus():
+    gigabytes = [round(zero_paper_model_states(7.5e9, stage, 64) / 1e9, 1) for stage in (0, 1, 2)]
+    assert gigabytes == [120.0, 31.4, 16.6]
+
+
+@pytest.mark.parametrize("config,stage,precision", [
+    ("zero1_bf16.json", 0, "fp32"), ("zero1_bf16.json", 1, "fp32"), ("zero1_bf16.json", 2, "fp32"),
+    ("zero1_bf16.json", 1, "bf16"), ("zero2_bf16.json", 2, "bf16"), ("zero1_fp16.json", 1, "fp16"),
+])
+def test_resident_model_states_equal_what_a_two_rank_engine_holds(config, stage, precision):
+    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "tests/engine_memory.py",
+                           f"ds_configs/{config}", str(stage), precision], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+    reports = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("ENGINE_MEMORY")]
+    assert len(reports) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for report in reports:
+        # equal to the byte but for the optimizer's own scalars (grad-norm and overflow flags, 4 bytes each)
+        assert 0 <= report["owned"] - report["planned"] <= 16, report
+
+
+UNSEEN = [GPTConfig(n_layer=4, n_head=4, n_embd=96, block_size=48, vocab_size=768),
+          GPTConfig(n_layer=3, n_head=3, n_embd=192, block_size=40, vocab_size=2000)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("config", UNSEEN)
+def test_measured_activations_match_the_prediction_at_unseen_sizes(config, precision, checkpointing):
+    batch, seq_len = 3, config.block_size
+    measured = measure_activation_bytes(config, batch, seq_len, precision, checkpointing)
+    predicted = saved_activation_bytes(config, batch, seq_len, precision, checkpointing)
+    assert abs(predicted - measured) <= 0.05 * measured, (predicted, measured)
+
+
+def plan_for(config_name, gpu_gib, model=GPTConfig(), world_size=8):
+    return make_plan(model, 1024, load_ds_config(REPO / "ds_configs" / config_name), world_size, gpu_gib * GiB, 524288)
+
+
+def test_more_memory_never_gives_a_smaller_micro_batch():
+    batches = [plan_for("zero2_fp16.json", gib)["max_micro_batch"] for gib in range(12, 90, 6)]
+    assert batches == sorted(batches) and batches[-1] > batches[0]
+
+
+@pytest.mark.parametrize("base", ["zero1_bf16", "zero2_fp16"])
+def test_activation_checkpointing_allows_a_larger_micro_batch(base):
+    assert plan_for(f"{base}_ckpt.json", 32)["max_micro_batch"] > plan_for(f"{base}.json", 32)["max_micro_batch"]
+
+
+def test_plan_fits_and_reaches_the_token_budget():
+    plan = plan_for("zero1_bf16.json", 80)
+    assert plan["total_bytes"] <= plan["gpu_bytes"]
+    assert plan["micro_batch"] * 1024 * 8 * plan["grad_accum"] == 524288
+    assert set(MODEL_STATE_PARTS) - {"fp32_gradients"} <= set(plan["bytes"])
+
+
+def gpt_plan(*args):
+    return subprocess.run([sys.executable, "-m", "gpt.plan", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_cli_json_and_errors():
+    proc = gpt_plan("--model", "d12", "--seq_len", "1024", "--ds_config", "ds_configs/zero1_bf16.json",
+                    "--gpu", "a800-80gb", "--world_size", "8", "--json")
+    plan = json.loads(proc.stdout)
+    assert {"max_micro_batch", "total_bytes", "gpu_bytes", "bytes"} <= set(plan) and plan["gpu_bytes"] == 80 * GiB
+    proc = gpt_plan("--gpu", "tpu-v9")
+    assert proc.returncode == 2 and "invalid choice: 'tpu-v9'" in proc.stderr
+    proc = gpt_plan("--model", "d48", "--ds_config", "ds_configs/zero1_bf16.json", "--gpu", "v100-16gb",
+                    "--world_size", "1")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: even micro-batch 1 needs 3")
+    assert "use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory" in proc.stderr
+    proc = gpt_plan("--model", "d12")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: give --gpu (one of a100-40gb")
+    with pytest.raises(PlanError):
+        plan_for("zero1_bf16.json", 0.5)
+
+
+def test_readme_table_is_what_the_report_command_prints():
+    proc = subprocess.run([sys.executable, "bench/batch_report.py"], cwd=REPO, capture_output=True, text=True, check=True)
+    table = proc.stdout.strip()
+    assert table.count("\n") == 33 and table in (REPO / "README.md").read_text()
+
+
+def test_report_writes_the_chart(tmp_path):
+    subprocess.run([sys.executable, "bench/batch_report.py", "--chart", str(tmp_path / "chart.png")], cwd=REPO,
+                   check=True, capture_output=True)
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
