@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from gpt import checkpoint
+from gpt import checkpoint, hellaswag
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, build_parser, precision, resolve_auto_micro_batch, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
@@ -43,6 +43,7 @@ class Run:
     flops_per_step: float
     peak_flops: float
     run_config: dict
+    hellaswag_examples: list
 
 
 def print0(*args, **kwargs):
@@ -78,7 +79,8 @@ def setup(args):
         resume_from = checkpoint.find_checkpoint(args.resume, args.out_dir) if args.resume else None
         if resume_from is not None:
             checkpoint.check_compatible(resume_from, checkpoint.read_run_config(resume_from), run_config)
-    except (ConfigError, checkpoint.CheckpointError) as e:
+        run_config["hellaswag_examples"] = hellaswag.load(args.hellaswag) if args.hellaswag else []
+    except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
         fail(e)
     device = ds_engine.setup_distributed(allow_cpu_fp16=args.cpu_fp16 and precision(ds_config) == "fp16")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -110,8 +112,10 @@ def build(args, ds_config, model_config, grad_accum, device, run_config):
            f"= {args.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
     print0(f"data {args.data}: {len(train_loader.shards)} train shard(s), {sum(train_loader.batches_per_shard):,} "
            f"batches/epoch per rank; validation on {len(val_set)} sequences of {args.seq_len} tokens")
+    examples = run_config.pop("hellaswag_examples")
     return Run(engine, model, train_loader, val_set, logger, guard, guard_active, device, world_size, grad_accum,
-               flops_per_token(model_config, n_params, args.seq_len) * args.total_batch_tokens, peak, run_config)
+               flops_per_token(model_config, n_params, args.seq_len) * args.total_batch_tokens, peak, run_config,
+               examples)
 
 
 def resume(args, run, path):
@@ -216,6 +220,12 @@ def fit(args, run, start_step):
         if args.val_every and (step % args.val_every == 0 or last):
             val = validation_loss(run.engine, run.val_set, run.device)
             run.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
+        if run.hellaswag_examples and (step % args.eval_every == 0 or last):
+            scores = hellaswag.evaluate(run.engine, run.hellaswag_examples, run.device, run.model.config.block_size,
+                                        args.micro_batch, progress=True)
+            run.logger.log(step, {"hellaswag/acc_norm": scores["acc_norm"], "hellaswag/acc": scores["acc"]},
+                           console=f"step {step:5d} | hellaswag acc_norm {scores['acc_norm']:.4f} "
+                                   f"acc {scores['acc']:.4f} ({scores['examples']} examples)")
         if args.sample_every and (step % args.sample_every == 0 or last) and run.engine.global_rank == 0:
             log_samples(args, run, step)
         stopping = stop.agreed(run.device)

@@ -42,6 +42,9 @@ def build_parser():
     p.add_argument("--val_every", type=int, default=250, help="validation loss every N steps (0: off)")
     p.add_argument("--val_tokens", type=int, default=10 * 2**20,
                    help="validation set size: the first val_tokens // seq_len sequences of the val split")
+    p.add_argument("--hellaswag", default=None,
+                   help="HellaSwag jsonl, llm.c hellaswag_val.bin, or 'val' (download) to score during training")
+    p.add_argument("--eval_every", type=int, default=250, help="HellaSwag every N steps (with --hellaswag)")
     p.add_argument("--sample_every", type=int, default=1000, help="print samples every N steps (0: off)")
     p.add_argument("--sample_tokens", type=int, default=64, help="new tokens per sample")
     p.add_argument("--seed", type=int, default=1337)

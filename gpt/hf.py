@@ -104,8 +104,8 @@ def load_hf_weights(directory, config):
 
 
 def checkpoint_weights(path):
-    """(fp32 state dict, GPTConfig) of one of our checkpoints: the optimizer's fp32 master weights where
-    DeepSpeed keeps them (bf16/fp16 runs), via its own zero_to_fp32 reader."""
+    """(fp32 state dict, GPTConfig) of one of our checkpoints: the optimizer's fp32 master weights via
+    DeepSpeed's zero_to_fp32 reader where it can read them (ZeRO 1/2), else the module's weights."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from gpt.checkpoint import CheckpointError, find_checkpoint, read_run_config
@@ -115,10 +115,14 @@ def checkpoint_weights(path):
     except CheckpointError as e:
         raise InteropError(str(e)) from None
     config = GPTConfig(**run["model"])
-    if run["zero_stage"] == 0:
+    state = None
+    if run["zero_stage"] > 0:
+        try:
+            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+        except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
+            state = None
+    if state is None:  # the module's own weights (16-bit in half-precision runs)
         state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-    else:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
     state.setdefault("lm_head.weight", state["transformer.wte.weight"])
     return {k: v.float() for k, v in state.items()}, config
 

@@ -2,6 +2,7 @@
 2-rank engine holds; activations measured at unseen sizes match the fitted prediction; the search
 behaves; bad input is a clear error."""
 import json
+import re
 import subprocess
 import sys
 
@@ -37,7 +38,8 @@ def test_resident_model_states_equal_what_a_two_rank_engine_holds(config, stage,
     proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "tests/engine_memory.py",
                            f"ds_configs/{config}", str(stage), precision], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
-    reports = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("ENGINE_MEMORY")]
+    # the two ranks print concurrently, so their lines may interleave: find the JSON objects, not lines
+    reports = [json.loads(found) for found in re.findall(r"ENGINE_MEMORY (\{[^}]*\})", proc.stdout)]
     assert len(reports) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     for report in reports:
         # equal to the byte but for the optimizer's own scalars (grad-norm and overflow flags, 4 bytes each)

@@ -1,0 +1,159 @@
+"""HellaSwag, completion style (as llm.c and build-nanogpt score it): for each of the 4 endings, the
+cross-entropy of the ending's tokens given the context; `acc` picks the lowest summed loss, `acc_norm`
+the lowest mean loss. OpenAI's GPT-2 124M scores acc_norm 0.2955 on the 10,042 validation examples.
+
+Inputs: the official jsonl (ctx, endings, label), or llm.c's `hellaswag_val.bin` (already tokenized).
+"""
+import json
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gpt.tokenizer import gpt2_tokenizer
+
+OFFICIAL_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+EVAL_MAGIC, EVAL_VERSION = 20240522, 1  # llm.c's eval-file header
+START_EXAMPLE = 2**16 - 1
+PAD_TO = 32  # rows are padded to a multiple of this: few distinct shapes, so torch.compile rarely recompiles
+
+
+class HellaSwagError(ValueError):
+    """Bad or missing HellaSwag input, named with its file."""
+
+
+@dataclass(frozen=True)
+class Example:
+    context: tuple
+    endings: tuple  # 4 tuples of token ids
+    label: int
+
+
+def read_jsonl(path):
+    """Examples from the official jsonl; each ending is tokenized with a leading space, as GPT-2 saw text."""
+    tokenizer = gpt2_tokenizer()
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                context, endings, label = row["ctx"], row["endings"], int(row["label"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise HellaSwagError(f"{path}:{line_number}: not a HellaSwag example ({type(e).__name__}: {e})") from None
+            if len(endings) != 4 or not 0 <= label < 4:
+                raise HellaSwagError(f"{path}:{line_number}: expected 4 endings and a label in 0..3")
+            examples.append(Example(tuple(tokenizer.encode_ordinary(context)),
+                                    tuple(tuple(tokenizer.encode_ordinary(" " + e)) for e in endings), label))
+    if not examples:
+        raise HellaSwagError(f"{path}: no examples")
+    return examples
+
+
+def read_llmc_bin(path):
+    """Examples from llm.c's eval file: a 256-int32 header (magic 20240522, version 1, example count), then
+    per example uint16s: 65535, byte count, index, label, number of endings, then length-prefixed context
+    and ending token lists."""
+    raw = Path(path).read_bytes()
+    if len(raw) < 1024:
+        raise HellaSwagError(f"{path}: shorter than the 1024-byte header")
+    header = np.frombuffer(raw[:1024], dtype="<i4")
+    if header[0] != EVAL_MAGIC or header[1] != EVAL_VERSION:
+        raise HellaSwagError(f"{path}: bad header (magic {header[0]}, version {header[1]}; "
+                             f"expected {EVAL_MAGIC}, {EVAL_VERSION})")
+    stream = np.frombuffer(raw[1024:len(raw) - (len(raw) - 1024) % 2], dtype="<u2")
+    examples, position = [], 0
+    for index in range(int(header[2])):
+        try:
+            if stream[position] != START_EXAMPLE:
+                raise IndexError
+            size = int(stream[position + 1]) // 2
+            fields = stream[position:position + size].tolist()
+            if len(fields) != size:
+                raise IndexError
+            label, count, cursor = fields[3], fields[4], 5
+            lists = []
+            for _ in range(count + 1):
+                n = fields[cursor]
+                lists.append(tuple(fields[cursor + 1:cursor + 1 + n]))
+                cursor += 1 + n
+        except IndexError:
+            raise HellaSwagError(f"{path}: example {index} is truncated or misaligned") from None
+        examples.append(Example(lists[0], tuple(lists[1:]), label))
+        position += size
+    return examples
+
+
+def load(path, cache_dir=None):
+    """Examples from a .jsonl or llm.c .bin path; 'val' downloads the official validation jsonl once."""
+    if str(path) == "val":
+        cache = Path(cache_dir or Path.home() / ".cache" / "dsgpt") / "hellaswag_val.jsonl"
+        if not cache.exists():
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with urllib.request.urlopen(OFFICIAL_VAL_URL, timeout=30) as response:
+                    cache.with_suffix(".tmp").write_bytes(response.read())
+            except OSError as e:
+                raise HellaSwagError(f"cannot download HellaSwag (offline?): {e}; pass a local hellaswag_val.jsonl "
+                                     f"or llm.c's hellaswag_val.bin instead") from None
+            cache.with_suffix(".tmp").rename(cache)
+        path = cache
+    path = Path(path)
+    if not path.is_file():
+        raise HellaSwagError(f"{path}: file not found")
+    return read_llmc_bin(path) if path.suffix == ".bin" else read_jsonl(path)
+
+
+def example_losses(model, examples, device, block_size):
+    """(summed, mean) ending losses, each (len(examples), 4), scoring the examples in one padded batch.
+    Contexts too long for block_size lose their oldest tokens."""
+    rows, spans = [], []
+    for example in examples:
+        for ending in example.endings:
+            tokens = (example.context + ending)[-block_size - 1:]
+            rows.append(tokens)
+            spans.append((len(tokens) - len(ending), len(tokens)))  # ending positions within the row
+    width = -(-max(len(r) for r in rows) // PAD_TO) * PAD_TO
+    batch = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width - 1))
+    for i, (row, (start, end)) in enumerate(zip(rows, spans)):
+        batch[i, :len(row)] = torch.tensor(row)
+        mask[i, start - 1:end - 1] = 1  # the target at position t is token t + 1
+    inputs = batch[:, :-1][:, :block_size].to(device)
+    logits, _ = model(inputs)
+    losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:inputs.size(1) + 1].reshape(-1)
+                             .to(device), reduction="none").view(len(rows), -1).cpu()
+    mask = mask[:, :inputs.size(1)]
+    summed = (losses * mask).sum(dim=1)
+    return summed.view(-1, 4), (summed / mask.sum(dim=1)).view(-1, 4)
+
+
+@torch.no_grad()
+def evaluate(model, examples, device, block_size, batch_examples=8, progress=False):
+    """{'acc', 'acc_norm', 'examples'}: rank r of W scores examples r, r + W, ...; counts are summed."""
+    from tqdm import tqdm
+
+    was_training = model.training
+    model.eval()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = examples[rank::world]
+    counts = torch.zeros(3, dtype=torch.float64)  # correct by sum, correct by mean, examples
+    batches = range(0, len(mine), batch_examples)
+    for start in tqdm(batches, desc="hellaswag", disable=not (progress and rank == 0)):
+        group = mine[start:start + batch_examples]
+        summed, mean = example_losses(model, group, device, block_size)
+        labels = torch.tensor([e.label for e in group])
+        counts += torch.tensor([(summed.argmin(1) == labels).sum().item(), (mean.argmin(1) == labels).sum().item(),
+                                len(group)], dtype=torch.float64)
+    if dist.is_initialized():
+        counts = counts.to(device)
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        counts = counts.cpu()
+    model.train(was_training)
+    return {"acc": counts[0].item() / counts[2].item(), "acc_norm": counts[1].item() / counts[2].item(),
+            "examples": int(counts[2].item())}

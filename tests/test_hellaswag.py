@@ -1,0 +1,133 @@
+"""HellaSwag: batched and distributed scoring equal a brute-force reference; the jsonl and llm.c .bin
+readers agree; bad input is a clear error; evaluation runs in training (2 ranks = 1 rank, compile on =
+off) and standalone (gpt-eval, gpt-sample)."""
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO, TINY, train, write_ds_config
+from gpt import hellaswag
+from gpt.model import GPT, PRESETS
+from gpt.tokenizer import gpt2_tokenizer
+
+CONTEXTS = ["A man is sitting on a roof. he", "A woman walks into the kitchen and", "The dog runs across the",
+            "Two kids are playing chess while", "She opens the box and finds", "The chef slices the onion, then",
+            "A cyclist climbs the hill and", "The teacher writes on the board and", "He tunes the guitar before",
+            "The crowd cheers as the runner"]
+ENDINGS = ["starts pulling up roofing on a roof.", "is holding a rubik's cube.", "eats a sandwich slowly.",
+           "jumps over the fence into the garden of the neighbours."]
+
+
+@pytest.fixture(scope="module")
+def hellaswag_files(tmp_path_factory):
+    """The same examples as official jsonl and as an llm.c eval .bin written from its spec."""
+    out = tmp_path_factory.mktemp("hellaswag")
+    rows = [{"ind": i, "ctx": c, "endings": ENDINGS[i % 4:] + ENDINGS[:i % 4], "label": i % 4, "split": "val"}
+            for i, c in enumerate(CONTEXTS)]
+    (out / "hellaswag_val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = gpt2_tokenizer()
+    stream = []
+    for i, r in enumerate(rows):
+        fields = [i, r["label"], 4]
+        for tokens in [tokenizer.encode_ordinary(r["ctx"])] + [tokenizer.encode_ordinary(" " + e) for e in r["endings"]]:
+            fields += [len(tokens), *tokens]
+        stream += [65535, 2 * (len(fields) + 2), *fields]
+    (out / "hellaswag_val.bin").write_bytes(struct.pack("<256i", 20240522, 1, len(rows), *[0] * 253)
+                                            + struct.pack(f"<{len(stream)}H", *stream))
+    return out
+
+
+def brute_force(model, examples):
+    """One unpadded forward per ending, straight from the definition."""
+    correct = correct_norm = 0
+    for example in examples:
+        sums, means = [], []
+        for ending in example.endings:
+            tokens = torch.tensor([example.context + ending])
+            logits, _ = model(tokens[:, :-1])
+            losses = F.cross_entropy(logits[0].float(), tokens[0, 1:], reduction="none")[-len(ending):]
+            sums.append(losses.sum().item())
+            means.append(losses.mean().item())
+        correct += min(range(4), key=sums.__getitem__) == example.label
+        correct_norm += min(range(4), key=means.__getitem__) == example.label
+    return correct / len(examples), correct_norm / len(examples)
+
+
+def test_readers_agree(hellaswag_files):
+    assert hellaswag.load(hellaswag_files / "hellaswag_val.jsonl") == hellaswag.load(hellaswag_files / "hellaswag_val.bin")
+
+
+def test_batched_scores_equal_the_brute_force_reference(hellaswag_files):
+    torch.manual_seed(3)
+    model = GPT(PRESETS["tiny"]).eval()
+    examples = hellaswag.load(hellaswag_files / "hellaswag_val.jsonl")
+    with torch.no_grad():
+        acc, acc_norm = brute_force(model, examples)
+        for batch in (1, 3, 8):
+            scores = hellaswag.evaluate(model, examples, torch.device("cpu"), 256, batch_examples=batch)
+            assert (scores["acc"], scores["acc_norm"], scores["examples"]) == (acc, acc_norm, len(examples))
+        summed, mean = hellaswag.example_losses(model, examples[:2], torch.device("cpu"), 256)
+        tokens = torch.tensor([examples[1].context + examples[1].endings[2]])
+        logits, _ = model(tokens[:, :-1])
+        reference = F.cross_entropy(logits[0], tokens[0, 1:], reduction="none")[-len(examples[1].endings[2]):]
+        assert summed[1, 2].item() == pytest.approx(reference.sum().item(), rel=1e-5)
+        assert mean[1, 2].item() == pytest.approx(reference.mean().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("corrupt,message", [
+    (lambda raw: raw[:-7], "example 9 is truncated or misaligned"),
+    (lambda raw: struct.pack("<i", 1) + raw[4:], "bad header (magic 1, version 1; expected 20240522, 1)"),
+])
+def test_bad_bin_files(hellaswag_files, tmp_path, corrupt, message):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(corrupt((hellaswag_files / "hellaswag_val.bin").read_bytes()))
+    with pytest.raises(hellaswag.HellaSwagError) as error:
+        hellaswag.load(path)
+    assert str(error.value) == f"{path}: {message}"
+
+
+def test_bad_jsonl_and_missing_files(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"ctx": "a", "endings": ["b"] * 4, "label": 1}) + "\n" + '{"ctx": "a"}\n')
+    with pytest.raises(hellaswag.HellaSwagError, match=r"bad.jsonl:2: not a HellaSwag example \(KeyError"):
+        hellaswag.load(path)
+    with pytest.raises(hellaswag.HellaSwagError, match="nope.jsonl: file not found"):
+        hellaswag.load(tmp_path / "nope.jsonl")
+
+
+def scores(records):
+    return [(r["step"], r["hellaswag/acc"], r["hellaswag/acc_norm"]) for r in records if "hellaswag/acc" in r]
+
+
+def test_in_training_two_ranks_equal_one_and_compile_equals_eager(tmp_path, shakespeare_dir, hellaswag_files):
+    # lr ~0 keeps every run at the same (seeded) weights, whatever the world size or compilation
+    config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
+    args = [*TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--lr", "1e-12", "--ds_config", config,
+            "--hellaswag", str(hellaswag_files / "hellaswag_val.bin"), "--eval_every", "1"]
+    one, proc = train(tmp_path / "one", shakespeare_dir, *args)
+    two, _ = train(tmp_path / "two", shakespeare_dir, *args, ranks=2)
+    compiled, _ = train(tmp_path / "compiled", shakespeare_dir, *args, "--compile")
+    assert len(scores(one)) == 2 and scores(one) == scores(two) == scores(compiled)
+    assert "hellaswag acc_norm" in proc.stdout and "(10 examples)" in proc.stdout
+
+
+def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag_files):
+    train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
+    checkpoint = str(tmp_path / "run" / "checkpoints")
+    proc = subprocess.run([sys.executable, "-m", "gpt.standalone_cli", "eval", "--checkpoint", checkpoint,
+                           "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "2048",
+                           "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 9 < results["val_loss"] < 11 and results["hellaswag_examples"] == 10
+    assert 0 <= results["hellaswag_acc_norm"] <= 1 and results["hellaswag_examples_per_s"] > 0
+    sample = [sys.executable, "-m", "gpt.standalone_cli", "sample", "--checkpoint", checkpoint, "--prompt", "To be",
+              "--max_new_tokens", "8", "--num_samples", "2", "--seed", "7"]
+    first, second = (subprocess.run(sample, cwd=REPO, capture_output=True, text=True, check=True).stdout
+                     .split("--- sample 0", 1)[1] for _ in range(2))  # past DeepSpeed's timestamped import warning
+    assert first == second and first.count("--- sample 1") == 1 and "To be" in first
