@@ -2,6 +2,7 @@
 incompatible resumes, the fp16 minimum-scale diagnostic."""
 import json
 import signal
+from pathlib import Path
 import subprocess
 import sys
 import time
@@ -133,7 +134,8 @@ def test_fault_drill_sigkill_one_rank_then_resume(tmp_path, shakespeare_dir):
     save_every = 5
     args = [*TINY, "--max_steps", "30", "--total_batch_tokens", "512", "--save_every", str(save_every),
             "--ds_config", "ds_configs/zero1_bf16.json", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
-    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py", *args]
+    port = free_port()
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(port), "train_ds.py", *args]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -153,6 +155,9 @@ def test_fault_drill_sigkill_one_rank_then_resume(tmp_path, shakespeare_dir):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        # a SIGKILLed rank cannot release DeepSpeed's shared-memory buffer itself
+        for leftover in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+            leftover.unlink()
     assert returncode != 0
     assert exited_after < 60, f"launcher took {exited_after:.0f}s to exit"
     logged += [int(line.split()[1]) for line in rest.splitlines() if line.startswith("step ") and "| loss " in line]
