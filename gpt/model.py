@@ -4,7 +4,6 @@ Parameter names follow Hugging Face's GPT-2 (transformer.wte, transformer.h.N.at
 OpenAI/HF weights map one-to-one (HF's Conv1D stores Linear weights transposed). The module knows
 nothing about DeepSpeed or parallelism: the trainer wraps it.
 """
-import math
 from dataclasses import dataclass
 
 import torch

@@ -21,10 +21,8 @@ and returns the largest micro-batch that fits and the gradient accumulation for 
 import argparse
 import functools
 import json
-import math
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch

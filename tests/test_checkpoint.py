@@ -1,6 +1,5 @@
 """Checkpoints through real runs: exact resume, SIGTERM, pruning, interrupted saves, world-size change,
 incompatible resumes, the fp16 minimum-scale diagnostic."""
-import json
 import signal
 from pathlib import Path
 import subprocess
@@ -9,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TINY, train, train_losses, write_ds_config
+from conftest import REPO, TINY, train, write_ds_config
 from gpt import checkpoint
 
 RESUMABLE = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "3", "--keep_last", "5"]
