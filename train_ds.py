@@ -79,15 +79,15 @@ def setup(args):
         resume_from = checkpoint.find_checkpoint(args.resume, args.out_dir) if args.resume else None
         if resume_from is not None:
             checkpoint.check_compatible(resume_from, checkpoint.read_run_config(resume_from), run_config)
-        run_config["hellaswag_examples"] = hellaswag.load(args.hellaswag) if args.hellaswag else []
+        examples = hellaswag.load(args.hellaswag) if args.hellaswag else []
     except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
         fail(e)
     device = ds_engine.setup_distributed(allow_cpu_fp16=args.cpu_fp16 and precision(ds_config) == "fp16")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    return ds_config, model_config, grad_accum, device, run_config, resume_from
+    return ds_config, model_config, grad_accum, device, run_config, resume_from, examples
 
 
-def build(args, ds_config, model_config, grad_accum, device, run_config):
+def build(args, ds_config, model_config, grad_accum, device, run_config, examples):
     model = GPT(model_config)
     if args.init_from:
         model.load_state_dict(load_hf_weights(args.init_from, model_config))
@@ -112,7 +112,6 @@ def build(args, ds_config, model_config, grad_accum, device, run_config):
            f"= {args.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
     print0(f"data {args.data}: {len(train_loader.shards)} train shard(s), {sum(train_loader.batches_per_shard):,} "
            f"batches/epoch per rank; validation on {len(val_set)} sequences of {args.seq_len} tokens")
-    examples = run_config.pop("hellaswag_examples")
     return Run(engine, model, train_loader, val_set, logger, guard, guard_active, device, world_size, grad_accum,
                flops_per_token(model_config, n_params, args.seq_len) * args.total_batch_tokens, peak, run_config,
                examples)
@@ -240,8 +239,8 @@ def fit(args, run, start_step):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    ds_config, model_config, grad_accum, device, run_config, resume_from = setup(args)
-    run = build(args, ds_config, model_config, grad_accum, device, run_config)
+    ds_config, model_config, grad_accum, device, run_config, resume_from, examples = setup(args)
+    run = build(args, ds_config, model_config, grad_accum, device, run_config, examples)
     start_step = resume(args, run, resume_from)
     try:
         fit(args, run, start_step)
