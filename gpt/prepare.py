@@ -11,6 +11,7 @@ tokenizer processes into one shard-sized buffer. Each shard is renamed into plac
 a progress file lets a re-run skip the shards already written.
 """
 import argparse
+import glob
 import hashlib
 import json
 import subprocess
@@ -95,7 +96,7 @@ def local_files_corpus(args):
     """.txt (one document per file), .jsonl/.json and .parquet files, read by `datasets` as a stream."""
     import datasets  # only the file and hub sources need it
 
-    paths = sorted({str(p) for pattern in args.paths for p in _glob(pattern)})
+    paths = sorted({str(p) for pattern in args.paths for p in glob.glob(pattern, recursive=True)})
     if not paths:
         raise DataError(f"no files match {' '.join(args.paths)}")
     kinds = {_file_kind(p) for p in paths}
@@ -106,13 +107,6 @@ def local_files_corpus(args):
         return Corpus(Path(p).read_text(encoding="utf-8") for p in paths)
     dataset = datasets.load_dataset(kind, data_files=paths, split="train", streaming=True)
     return Corpus(texts(dataset, args.text_field, paths[0] if len(paths) == 1 else f"{len(paths)} {kind} files"))
-
-
-def _glob(pattern):
-    path = Path(pattern)
-    if path.exists():
-        return [path]
-    return Path(path.anchor or ".").glob(str(path.relative_to(path.anchor)) if path.anchor else pattern)
 
 
 def _file_kind(path):
