@@ -21,6 +21,7 @@ from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
 from gpt.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt.model import GPT
+from gpt.profiling import step_profiler
 from gpt.tokenizer import gpt2_tokenizer
 
 SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
@@ -197,25 +198,31 @@ def log_samples(args, run, step):
     print(f"[rank {run.engine.global_rank}] sample at step {step}: {tokenizer.decode(tokens)!r}", flush=True)
 
 
+def log_step(args, run, step, lr, loss, skipped, dt):
+    """The step's metrics to console, TensorBoard and metrics.jsonl; the guard's verdict on it."""
+    metrics = dict(loss=loss, lr=lr, dt=dt, tokens_per_s=args.total_batch_tokens / dt,
+                   **ds_engine.step_stats(run.engine), skipped=int(skipped), guard_skips=run.guard.skipped)
+    if run.peak_flops:
+        metrics["mfu"] = run.flops_per_step / dt / (run.peak_flops * run.world_size)
+    run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+    bad = run.guard.end_step(loss, skipped)
+    if skipped:
+        print0(f"step {step:5d} | update skipped: {run.guard.reason}")
+    if bad:
+        raise StopTraining(bad)
+
+
 def fit(args, run, start_step):
     stop = StopRequest()
+    profiler = step_profiler(args.profile, args.out_dir, run.device.type, run.engine.global_rank)
     for step in range(start_step, args.max_steps):
         last = step == args.max_steps - 1
         lr = run.engine.get_lr()[0]
         start = time.perf_counter()
         loss, skipped = train_step(run)
-        dt = time.perf_counter() - start
-        metrics = dict(loss=loss, lr=lr, dt=dt, tokens_per_s=args.total_batch_tokens / dt,
-                       **ds_engine.step_stats(run.engine), skipped=int(skipped), guard_skips=run.guard.skipped)
-        if run.peak_flops:
-            metrics["mfu"] = run.flops_per_step / dt / (run.peak_flops * run.world_size)
-        run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
-            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
-        bad = run.guard.end_step(loss, skipped)
-        if skipped:
-            print0(f"step {step:5d} | update skipped: {run.guard.reason}")
-        if bad:
-            raise StopTraining(bad)
+        log_step(args, run, step, lr, loss, skipped, time.perf_counter() - start)
+        profiler.step()
         if args.val_every and (step % args.val_every == 0 or last):
             val = validation_loss(run.engine, run.val_set, run.device)
             run.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
@@ -233,6 +240,7 @@ def fit(args, run, start_step):
         if stopping:
             print0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
             break
+    profiler.stop()
     run.train_loader.close()
     run.logger.close()
 

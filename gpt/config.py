@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpt.data import DataError, check_shards
 from gpt.model import PRESETS
+from gpt.profiling import profiled_steps_needed
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
 
@@ -61,6 +62,8 @@ def build_parser():
                    help="skip the update when the grad norm is this many sigmas above the recent window (0: off)")
     p.add_argument("--max_bad_steps", type=int, default=5, help="stop after this many skipped steps in a row")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="torch profiler trace of STEPS steps (after 1 skipped + 1 warm-up) in OUT_DIR/profile (0: off)")
     p.add_argument("--cpu_fp16", action="store_true",
                    help="let fp16 configs run on the CPU accelerator (testing the loss-scaling path); "
                         "refused on GPUs")
@@ -143,6 +146,11 @@ def validate(args, world_size):
             # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
             # grad norms and clipping come out wrong by the loss scale.
             problems.append(f"{args.ds_config}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)")
+        elif (precision(ds_config) == "bf16" and ds_config.get("zero_optimization", {}).get("stage", 0) == 0
+              and ds_config.get("data_types", {}).get("grad_accum_dtype") == "fp32"):
+            # DeepSpeed 0.19 raises NotImplementedError inside deepspeed.initialize for this mix.
+            problems.append(f"{args.ds_config}: bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) "
+                            f"needs ZeRO stage 1 or 2")
     except ConfigError as e:
         problems.append(str(e))
     mconfig = model_config(args)
@@ -155,6 +163,11 @@ def validate(args, world_size):
     for name in ("seq_len", "micro_batch", "total_batch_tokens", "max_steps"):
         if getattr(args, name) <= 0:
             problems.append(f"--{name} must be positive (got {getattr(args, name)})")
+    if args.profile < 0:
+        problems.append(f"--profile must be >= 0 (got {args.profile})")
+    elif args.max_steps < profiled_steps_needed(args.profile):
+        problems.append(f"--profile {args.profile} needs --max_steps >= {profiled_steps_needed(args.profile)} "
+                        f"(1 skipped, 1 warm-up and {args.profile} recorded steps); --max_steps is {args.max_steps}")
     if not 0 <= args.min_lr_ratio <= 1:
         problems.append(f"--min_lr_ratio {args.min_lr_ratio} must lie in [0, 1]")
     if args.warmup_steps < 0 or args.warmup_steps > args.max_steps:

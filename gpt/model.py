@@ -34,14 +34,6 @@ PRESETS = {
 }
 
 
-class LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 whatever the parameter/activation dtype (fp16 stability on V100)."""
-
-    def forward(self, x):
-        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
-                            self.bias.float(), self.eps).to(x.dtype)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -78,9 +70,11 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd)
+        # PyTorch's LayerNorm kernels (CPU and CUDA) compute mean and variance in fp32 for fp16/bf16
+        # inputs already: an explicit upcast would only add two full-size copies per call.
+        self.ln_1 = nn.LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -96,7 +90,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-            ln_f=LayerNorm(config.n_embd),
+            ln_f=nn.LayerNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying

@@ -12,7 +12,7 @@ Per GPU it adds up
   one fit per precision and checkpointing setting. In Korthikanti et al. (2022) terms a layer saves
   s*b*h*(34 + 5*a*s/h) bytes in 16-bit; with SDPA's flash/memory-efficient kernels the 5as/h score term
   is gone (only a per-head logsumexp remains, the b * n_head term), and the fit measures the 34 term
-  for this model (our LayerNorm and loss in fp32 make it larger); full recomputation saves ~2sbh per
+  for this model (our loss in fp32 makes it larger); full recomputation saves ~2sbh per
   layer (the block input), plus one layer's activations while it is recomputed;
 - the loss's transient buffers (the logits gradient in fp32), a framework/context reserve and an
   allocator margin,
@@ -210,6 +210,36 @@ def resident_model_state_bytes(n_params, precision, stage, world_size, ds_config
     bf16_optimizer = precision == "bf16" and stage == 1 and "fp32_gradients" not in parts
     resident = ["parameters", "master_weights", "optimizer_states"] + (["gradients"] if bf16_optimizer else [])
     return sum(parts.get(name, 0) for name in resident)
+
+
+def engine_state_bytes(engine):
+    """Model-state bytes a DeepSpeed engine really holds: the storages reachable from the module's
+    parameters (and grads) and the optimizer's attributes, each counted once."""
+    seen = {}
+
+    def walk(obj, depth=0):
+        if depth > 8:
+            return
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr():
+                seen[storage.data_ptr()] = storage.nbytes()
+            if obj.is_leaf and obj.grad is not None:
+                walk(obj.grad, depth + 1)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                walk(value, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                walk(value, depth + 1)
+        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():
+                walk(value, depth + 1)
+
+    for parameter in engine.module.parameters():
+        walk(parameter)
+    walk(engine.optimizer)
+    return sum(seen.values())
 
 
 def device_memory_bytes():

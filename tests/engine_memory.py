@@ -12,36 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpt import engine as ds_engine  # noqa: E402
 from gpt.config import precision  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
-from gpt.plan import resident_model_state_bytes  # noqa: E402
-
-
-def owned_bytes(engine):
-    """Sum of storages reachable from the module's parameters (and grads) and the optimizer's attributes."""
-    seen = {}
-
-    def walk(obj, depth=0):
-        if depth > 8:
-            return
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if storage.data_ptr():
-                seen[storage.data_ptr()] = storage.nbytes()
-            if obj.is_leaf and obj.grad is not None:
-                walk(obj.grad, depth + 1)
-        elif isinstance(obj, dict):
-            for value in obj.values():
-                walk(value, depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for value in obj:
-                walk(value, depth + 1)
-        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
-            for value in vars(obj).values():
-                walk(value, depth + 1)
-
-    for parameter in engine.module.parameters():
-        walk(parameter)
-    walk(engine.optimizer)
-    return sum(seen.values())
+from gpt.plan import engine_state_bytes, resident_model_state_bytes  # noqa: E402
 
 
 def main():
@@ -66,7 +37,7 @@ def main():
         engine.step()
     planned = resident_model_state_bytes(n_params, precision(config), stage, world, config)
     print("ENGINE_MEMORY " + json.dumps({"rank": ds_engine.rank(), "optimizer": type(engine.optimizer).__name__,
-                                         "owned": owned_bytes(engine), "planned": planned}), flush=True)
+                                         "owned": engine_state_bytes(engine), "planned": planned}), flush=True)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,20 @@ def test_fp16_with_zero_stage_0(run_main, tmp_path):
         2, f"error: {path}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)\n")
 
 
+def test_bf16_fp32_accumulation_with_zero_stage_0(run_main, tmp_path):
+    path = tmp_path / "bf16_zero0.json"
+    path.write_text(json.dumps({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+                                "zero_optimization": {"stage": 0}}))
+    assert run_main("--ds_config", str(path)) == (
+        2, f"error: {path}: bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) needs ZeRO stage 1 or 2\n")
+
+
+def test_bad_profile_steps(run_main):
+    assert run_main("--profile", "-1") == (2, "error: --profile must be >= 0 (got -1)\n")
+    assert run_main("--profile", "3", "--max_steps", "4", "--warmup_steps", "2") == (
+        2, "error: --profile 3 needs --max_steps >= 5 (1 skipped, 1 warm-up and 3 recorded steps); --max_steps is 4\n")
+
+
 def test_indivisible_batch(run_main):
     assert run_main("--total_batch_tokens", "1000") == (
         2, "error: --total_batch_tokens 1000 is not divisible by micro_batch x seq_len x world "

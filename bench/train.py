@@ -1,0 +1,382 @@
+"""Training speed and memory on this machine. Every figure is a ratio against a baseline measured in the
+same run, steps interleaved (machines are noisy):
+
+  overhead  the trainer's step (train_ds.train_step + log_step, DeepSpeed engine) / a plain PyTorch
+            AdamW step: same model, initial weights, data and dtype, 1 process
+  mfu       model FLOP/s (6N + attention, per token) / this CPU's matmul peak, measured here
+  zero      ZeRO 0/1/2 on 2 ranks (deepspeed launcher): step time, per-rank model-state bytes
+            (measured on the engine, and as the planner predicts them)
+  ckpt      activation checkpointing: step-time ratio, activation bytes saved
+  compile   torch.compile on/off: first-step (compile) time, steady step-time ratio
+
+    python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min)
+    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, compile (~15 min)
+    python bench/train.py --json bench.json    # also write the results as JSON
+"""
+import argparse
+import contextlib
+import gc
+import io
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import train_ds  # noqa: E402
+from gpt.config import build_parser, precision  # noqa: E402
+from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard  # noqa: E402
+from gpt.engine import lr_at, param_groups, return_freed_memory  # noqa: E402
+from gpt.metrics import flops_per_token, measure_cpu_peak_flops  # noqa: E402
+from gpt.model import GPT  # noqa: E402
+from gpt.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# (model, seq_len, micro_batch, grad_accum) for the overhead/MFU rows
+QUICK_MODELS = [("tiny", 256, 8, 1), ("d12", 1024, 1, 1)]
+FULL_MODELS = [("tiny", 256, 16, 2), ("d12", 1024, 2, 2)]
+
+
+# -- set-up -----------------------------------------------------------------------------------------
+def synthetic_shards(directory, tokens=1 << 21, seed=0):
+    """Random GPT-2 token ids in llm.c shards: speed does not depend on what the tokens say."""
+    rng = np.random.default_rng(seed)
+    for split, index in (("val", 0), ("train", 1)):
+        write_shard(Path(directory) / shard_name("synthetic", split, index), rng.integers(0, 50257, tokens))
+    return directory
+
+
+def ds_config_file(directory, dtype, stage=1, checkpointing=False):
+    """A ds_configs/ JSON with another precision, ZeRO stage or activation checkpointing."""
+    config = json.loads((REPO / "ds_configs" / "zero1_bf16.json").read_text())
+    if dtype == "fp32":
+        config.pop("bf16"), config.pop("data_types")
+    config["zero_optimization"]["stage"] = stage
+    if dtype == "bf16" and stage == 0:  # DeepSpeed's only bf16 stage 0: bf16 weights and grads, no fp32 master
+        config["data_types"]["grad_accum_dtype"] = "bf16"
+    if checkpointing:
+        with_ckpt = json.loads((REPO / "ds_configs" / "zero1_bf16_ckpt.json").read_text())
+        config["activation_checkpointing"] = with_ckpt["activation_checkpointing"]
+    path = Path(directory) / f"{dtype}_zero{stage}{'_ckpt' if checkpointing else ''}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def trainer_args(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, extra=()):
+    return build_parser().parse_args([
+        "--data", str(data), "--out_dir", str(out_dir), "--ds_config", ds_config, "--model", model,
+        "--seq_len", str(seq_len), "--micro_batch", str(micro_batch),
+        "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size),
+        "--max_steps", "1000", "--warmup_steps", "10", "--val_every", "0", "--sample_every", "0",
+        "--val_tokens", str(seq_len), "--seed", "0", *extra])
+
+
+@contextlib.contextmanager
+def quiet():
+    """The trainer's console lines and DeepSpeed's INFO logs would bury the table."""
+    from deepspeed.utils import logger
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+    logger.setLevel(level)
+
+
+class Trainer:
+    """The real trainer (train_ds.setup/build), one step at a time."""
+
+    def __init__(self, args):
+        with quiet():
+            ds_config, model_config, grad_accum, device, run_config, _, examples = train_ds.setup(args)
+            self.run = train_ds.build(args, ds_config, model_config, grad_accum, device, run_config, examples)
+        self.args, self.step_index = args, 0
+        self.config, self.precision = model_config, precision(ds_config)
+
+    def step(self):
+        with quiet():
+            lr, start = self.run.engine.get_lr()[0], time.perf_counter()
+            loss, skipped = train_ds.train_step(self.run)
+            train_ds.log_step(self.args, self.run, self.step_index, lr, loss, skipped, time.perf_counter() - start)
+        self.step_index += 1
+        return loss
+
+    def close(self):
+        self.run.train_loader.close()
+        self.run.logger.close()
+        del self.run
+        gc.collect()
+        return_freed_memory()
+
+
+class PlainPyTorch:
+    """The baseline: the same model, initial weights, data and schedule in a textbook PyTorch loop,
+    with torch's fastest CPU/GPU AdamW (fused) and autocast for bf16."""
+
+    def __init__(self, args, model_config, dtype):
+        torch.manual_seed(args.seed)
+        self.model = GPT(model_config)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95),
+                                           eps=1e-8, fused=True)
+        schedule = lambda s: lr_at(s, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.loader = ShuffledTokenLoader(find_shards(args.data, "train"), args.micro_batch, args.seq_len, seed=args.seed)
+        self.accum = args.total_batch_tokens // (args.micro_batch * args.seq_len)
+        self.autocast = dtype == "bf16"
+
+    def step(self):
+        loss_sum = torch.zeros(())
+        for _ in range(self.accum):
+            x, y = self.loader.next_batch()
+            with torch.autocast("cpu", torch.bfloat16, enabled=self.autocast):
+                _, loss = self.model(x, y)
+            (loss / self.accum).backward()
+            loss_sum += loss.detach()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        return loss_sum.item() / self.accum
+
+    def close(self):
+        self.loader.close()
+        del self.model, self.optimizer
+        gc.collect()
+        return_freed_memory()
+
+
+def interleaved_seconds(steppers, repeats, warmup=1):
+    """Median seconds per step of each stepper, their steps interleaved so drift hits all alike."""
+    times = [[] for _ in steppers]
+    for i in range(warmup + repeats):
+        for stepper, seconds in zip(steppers, times):
+            start = time.perf_counter()
+            stepper.step()
+            if i >= warmup:
+                seconds.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+# -- the measurements -----------------------------------------------------------------------------
+def measure_overhead_and_mfu(data, tmp, models, repeats, peaks):
+    rows = []
+    for model, seq_len, micro_batch, accum in models:
+        for dtype in ("fp32", "bf16"):
+            args = trainer_args(data, Path(tmp) / f"{model}_{dtype}", ds_config_file(tmp, dtype), model, seq_len,
+                                micro_batch, accum)
+            trainer = Trainer(args)
+            plain = PlainPyTorch(args, trainer.config, dtype)
+            ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
+            n_params = trainer.run.model.num_params() - trainer.run.model.transformer.wpe.weight.numel()
+            flops = flops_per_token(trainer.config, n_params, seq_len) * args.total_batch_tokens
+            rows.append(dict(model=model, dtype=dtype, tokens_per_step=args.total_batch_tokens,
+                             plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,
+                             tflops=flops / ds_seconds / 1e12, mfu=flops / ds_seconds / peaks[dtype],
+                             plain_mfu=flops / plain_seconds / peaks[dtype],
+                             tokens_per_s=args.total_batch_tokens / ds_seconds))
+            trainer.close(), plain.close()
+            print_row(rows[-1], OVERHEAD_COLUMNS)
+    return rows
+
+
+def measure_checkpointing(data, tmp, model, seq_len, micro_batch, repeats, dtypes):
+    rows = []
+    for dtype in dtypes:
+        trainers = [Trainer(trainer_args(data, Path(tmp) / f"ckpt_{dtype}_{on}", ds_config_file(tmp, dtype, checkpointing=on),
+                                         model, seq_len, micro_batch, 1)) for on in (False, True)]
+        off_s, on_s = interleaved_seconds(trainers, repeats)
+        config = trainers[0].config
+        off_bytes, on_bytes = (measure_activation_bytes(config, micro_batch, seq_len, dtype, on) for on in (False, True))
+        rows.append(dict(model=model, dtype=dtype, tokens=micro_batch * seq_len, off_s=off_s, on_s=on_s,
+                         time_ratio=on_s / off_s, activations_off=off_bytes, activations_on=on_bytes,
+                         bytes_saved=1 - on_bytes / off_bytes))
+        [t.close() for t in trainers]
+        print_row(rows[-1], CKPT_COLUMNS)
+    return rows
+
+
+def measure_compile(data, tmp, model, seq_len, micro_batch, repeats):
+    rows = []
+    for dtype in ("fp32", "bf16"):
+        eager, compiled = (Trainer(trainer_args(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
+                                                model, seq_len, micro_batch, 1, extra=["--compile"] if on else []))
+                           for on in (False, True))
+        start = time.perf_counter()
+        compiled.step()  # compiles
+        first = time.perf_counter() - start
+        eager_s, compiled_s = interleaved_seconds([eager, compiled], repeats)
+        rows.append(dict(model=model, dtype=dtype, first_step_s=first, eager_s=eager_s, compiled_s=compiled_s,
+                         speedup=eager_s / compiled_s))
+        eager.close(), compiled.close()
+        print_row(rows[-1], COMPILE_COLUMNS)
+    return rows
+
+
+def measure_zero_stages(data, tmp, model, seq_len, micro_batch, repeats):
+    """2 ranks under the deepspeed launcher, one engine per stage in turn (this script as the worker)."""
+    out = Path(tmp) / "zero.json"
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), __file__, "--zero_worker", str(out),
+           "--data", str(data), "--tmp", str(tmp), "--model", model, "--seq_len", str(seq_len),
+           "--micro_batch", str(micro_batch), "--repeats", str(repeats)]
+    proc = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"ZeRO worker failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    rows = json.loads(out.read_text())
+    for row in rows:
+        print_row(row, ZERO_COLUMNS)
+    return rows
+
+
+def zero_worker(args):
+    """One rank of measure_zero_stages: ZeRO 0, 1, 2 in bf16 and fp32."""
+    import torch.distributed as dist
+    rows = []
+    for dtype in ("bf16", "fp32"):
+        for stage in (0, 1, 2):
+            trainer = Trainer(trainer_args(args.data, Path(args.tmp) / f"zero{stage}_{dtype}",
+                                           ds_config_file(args.tmp, dtype, stage), args.model, args.seq_len,
+                                           args.micro_batch, 1, world_size=2))
+            (seconds,) = interleaved_seconds([trainer], args.repeats)
+            engine = trainer.run.engine
+            owned = [None, None]
+            dist.all_gather_object(owned, engine_state_bytes(engine))
+            planned = resident_model_state_bytes(trainer.run.model.num_params(), dtype, stage, 2,
+                                                 json.loads(Path(trainer.args.ds_config).read_text()))
+            rows.append(dict(model=args.model, dtype=dtype, stage=stage, optimizer=type(engine.optimizer).__name__,
+                             step_s=seconds, tokens_per_step=trainer.args.total_batch_tokens,
+                             state_bytes_rank0=owned[0], state_bytes_rank1=owned[1], planned_bytes=planned))
+            trainer.close()
+    if dist.get_rank() == 0:
+        Path(args.zero_worker).write_text(json.dumps(rows))
+
+
+def measure_allocator(tmp, model, seq_len, micro_batch, repeats, rounds=2):
+    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.engine's
+    keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
+    seconds = {"0": [], "1": []}
+    for _ in range(rounds):
+        for cache in seconds:
+            out = Path(tmp) / f"allocator_{cache}.json"
+            cmd = [sys.executable, __file__, "--allocator_worker", str(out), "--tmp", str(tmp), "--model", model,
+                   "--seq_len", str(seq_len), "--micro_batch", str(micro_batch), "--repeats", str(repeats)]
+            subprocess.run(cmd, cwd=REPO, env={**worker_env(), "DSGPT_MALLOC_CACHE": cache}, check=True,
+                           capture_output=True)
+            seconds[cache].append(json.loads(out.read_text())["seconds"])
+    default_s, cached_s = statistics.median(seconds["0"]), statistics.median(seconds["1"])
+    row = dict(model=model, dtype="bf16", tokens_per_step=seq_len * micro_batch, glibc_default_s=default_s,
+               heap_kept_s=cached_s, speedup=default_s / cached_s)
+    print_row(row, ALLOCATOR_COLUMNS)
+    return [row]
+
+
+def allocator_worker(args):
+    data = synthetic_shards(Path(tempfile.mkdtemp(dir=args.tmp)))
+    trainer = Trainer(trainer_args(data, Path(data) / "run", ds_config_file(data, "bf16"), args.model, args.seq_len,
+                                   args.micro_batch, 1))
+    (seconds,) = interleaved_seconds([trainer], args.repeats)
+    Path(args.allocator_worker).write_text(json.dumps({"seconds": seconds}))
+
+
+def worker_env():
+    """This process's environment minus the process-group variables setup_distributed put there."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                            "MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the report -------------------------------------------------------------------------------------
+OVERHEAD_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}"), ("plain_s", "{:.3f}"),
+                    ("trainer_s", "{:.3f}"), ("ratio", "{:.3f}"), ("tflops", "{:.3f}"), ("mfu", "{:.2f}"),
+                    ("plain_mfu", "{:.2f}"), ("tokens_per_s", "{:.0f}")]
+ZERO_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("stage", "{}"), ("optimizer", "{}"), ("step_s", "{:.3f}"),
+                ("state_bytes_rank0", "{:,}"), ("state_bytes_rank1", "{:,}"), ("planned_bytes", "{:,.0f}")]
+CKPT_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens", "{}"), ("off_s", "{:.3f}"), ("on_s", "{:.3f}"),
+                ("time_ratio", "{:.2f}"), ("activations_off", "{:,}"), ("activations_on", "{:,}"),
+                ("bytes_saved", "{:.0%}")]
+ALLOCATOR_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}"), ("glibc_default_s", "{:.3f}"),
+                     ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
+COMPILE_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("first_step_s", "{:.1f}"), ("eager_s", "{:.3f}"),
+                   ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
+
+
+def print_header(title, columns):
+    print(f"\n## {title}\n\n| " + " | ".join(name for name, _ in columns) + " |\n|" + "---|" * len(columns), flush=True)
+
+
+def print_row(row, columns):
+    print("| " + " | ".join(fmt.format(row[name]) for name, fmt in columns) + " |", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="larger batches, more steps, compile")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--only", nargs="+", choices=["overhead", "zero", "ckpt", "allocator", "compile"],
+                        help="run only these sections")
+    # the ZeRO worker's own arguments (the script re-launches itself on 2 ranks)
+    parser.add_argument("--zero_worker", help=argparse.SUPPRESS)
+    parser.add_argument("--allocator_worker", help=argparse.SUPPRESS)
+    for name in ("data", "tmp", "model"):
+        parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
+    for name in ("seq_len", "micro_batch", "repeats", "local_rank"):
+        parser.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.zero_worker:
+        return zero_worker(args)
+    if args.allocator_worker:
+        return allocator_worker(args)
+
+    sections = set(args.only or ["overhead", "zero", "ckpt"] + (["allocator", "compile"] if args.full else []))
+    started = time.perf_counter()
+    results = {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": "full" if args.full else "quick"}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = synthetic_shards(Path(tmp))
+        peaks = {dtype: measure_cpu_peak_flops(DTYPES[dtype], sizes=(1024, 2048, 4096) if args.full else (1024, 2048))
+                 for dtype in DTYPES}
+        results["matmul_peak_flops"] = peaks
+        print(f"matmul peak on this CPU ({torch.get_num_threads()} threads): "
+              + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" for d, p in peaks.items()))
+        repeats = 6 if args.full else 4
+        if "overhead" in sections:
+            print_header("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
+                         OVERHEAD_COLUMNS)
+            results["overhead"] = measure_overhead_and_mfu(data, tmp, FULL_MODELS if args.full else QUICK_MODELS,
+                                                           repeats, peaks)
+        if "zero" in sections:
+            print_header("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS)
+            model = ("d12", 1024, 1) if args.full else ("d4", 256, 4)
+            results["zero"] = measure_zero_stages(data, tmp, *model, repeats)
+        if "ckpt" in sections:
+            print_header("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS)
+            results["ckpt"] = measure_checkpointing(data, tmp, "d12", 1024, 2 if args.full else 1, repeats,
+                                                    ("fp32", "bf16") if args.full else ("bf16",))
+        if "allocator" in sections:
+            print_header("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
+                         ALLOCATOR_COLUMNS)
+            results["allocator"] = measure_allocator(tmp, "d4", 256, 8, repeats)
+        if "compile" in sections:
+            print_header("torch.compile (inductor, CPU): compile time and steady step time", COMPILE_COLUMNS)
+            results["compile"] = measure_compile(data, tmp, "d4", 256, 8, repeats)
+    results["seconds"] = time.perf_counter() - started
+    print(f"\n{results['seconds']:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
