@@ -7,10 +7,12 @@ same run, steps interleaved (machines are noisy):
   zero      ZeRO 0/1/2 on 2 ranks (deepspeed launcher): step time, per-rank model-state bytes
             (measured on the engine, and as the planner predicts them)
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
-  compile   torch.compile on/off: first-step (compile) time, steady step-time ratio
+  allocator the trainer step with glibc's default malloc vs freed memory kept in the heap (--full)
+  compile   torch.compile on/off: first-step (compile) time, steady step-time ratio (--full)
 
     python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min)
-    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, compile (~15 min)
+    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile (~15 min)
+    python bench/train.py --only zero ckpt     # some sections
     python bench/train.py --json bench.json    # also write the results as JSON
 """
 import argparse
@@ -33,9 +35,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import train_ds  # noqa: E402
-from gpt.config import build_parser, precision  # noqa: E402
+from gpt.config import build_parser  # noqa: E402
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard  # noqa: E402
-from gpt.engine import lr_at, param_groups, return_freed_memory  # noqa: E402
+from gpt.engine import free_port, lr_at, param_groups, return_freed_memory  # noqa: E402
 from gpt.metrics import flops_per_token, measure_cpu_peak_flops  # noqa: E402
 from gpt.model import GPT  # noqa: E402
 from gpt.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes  # noqa: E402
@@ -61,7 +63,7 @@ def ds_config_file(directory, dtype, stage=1, checkpointing=False):
     if dtype == "fp32":
         config.pop("bf16"), config.pop("data_types")
     config["zero_optimization"]["stage"] = stage
-    if dtype == "bf16" and stage == 0:  # DeepSpeed's only bf16 stage 0: bf16 weights and grads, no fp32 master
+    if dtype == "bf16" and stage == 0:  # DeepSpeed 0.19 runs bf16 stage 0 only with bf16 accumulation
         config["data_types"]["grad_accum_dtype"] = "bf16"
     if checkpointing:
         with_ckpt = json.loads((REPO / "ds_configs" / "zero1_bf16_ckpt.json").read_text())
@@ -99,7 +101,7 @@ class Trainer:
             ds_config, model_config, grad_accum, device, run_config, _, examples = train_ds.setup(args)
             self.run = train_ds.build(args, ds_config, model_config, grad_accum, device, run_config, examples)
         self.args, self.step_index = args, 0
-        self.config, self.precision = model_config, precision(ds_config)
+        self.config = model_config
 
     def step(self):
         with quiet():
@@ -182,7 +184,8 @@ def measure_overhead_and_mfu(data, tmp, models, repeats, peaks):
                              tflops=flops / ds_seconds / 1e12, mfu=flops / ds_seconds / peaks[dtype],
                              plain_mfu=flops / plain_seconds / peaks[dtype],
                              tokens_per_s=args.total_batch_tokens / ds_seconds))
-            trainer.close(), plain.close()
+            trainer.close()
+            plain.close()
             print_row(rows[-1], OVERHEAD_COLUMNS)
     return rows
 
@@ -198,7 +201,8 @@ def measure_checkpointing(data, tmp, model, seq_len, micro_batch, repeats, dtype
         rows.append(dict(model=model, dtype=dtype, tokens=micro_batch * seq_len, off_s=off_s, on_s=on_s,
                          time_ratio=on_s / off_s, activations_off=off_bytes, activations_on=on_bytes,
                          bytes_saved=1 - on_bytes / off_bytes))
-        [t.close() for t in trainers]
+        for trainer in trainers:
+            trainer.close()
         print_row(rows[-1], CKPT_COLUMNS)
     return rows
 
@@ -215,7 +219,8 @@ def measure_compile(data, tmp, model, seq_len, micro_batch, repeats):
         eager_s, compiled_s = interleaved_seconds([eager, compiled], repeats)
         rows.append(dict(model=model, dtype=dtype, first_step_s=first, eager_s=eager_s, compiled_s=compiled_s,
                          speedup=eager_s / compiled_s))
-        eager.close(), compiled.close()
+        eager.close()
+        compiled.close()
         print_row(rows[-1], COMPILE_COLUMNS)
     return rows
 
@@ -290,13 +295,6 @@ def worker_env():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                                             "MASTER_ADDR", "MASTER_PORT")}
     return {**env, "PYTHONPATH": str(REPO)}
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the report -------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def world_size():
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -43,7 +43,7 @@ def setup_distributed(allow_cpu_fp16=False):
     `python train_ds.py` becomes a one-rank group, so the same code path serves every launch."""
     if "RANK" not in os.environ:  # no launcher: a single local process
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     accelerator = get_accelerator()
     if allow_cpu_fp16:
         enable_cpu_fp16()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gpt.engine import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 # A tiny model and batch that keep each run to seconds on 2 CPU cores.
 TINY = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--warmup_steps", "2",
@@ -78,10 +80,3 @@ def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=()
 
 def train_losses(records):
     return [r["loss"] for r in records if "loss" in r]
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
