@@ -13,6 +13,7 @@ same run, steps interleaved (machines are noisy):
     python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min)
     python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile (~15 min)
     python bench/train.py --only zero ckpt     # some sections
+    python bench/train.py --smoke              # every code path once, tiny model (tests/test_bench.py)
     python bench/train.py --json bench.json    # also write the results as JSON
 """
 import argparse
@@ -43,9 +44,21 @@ from gpt.model import GPT  # noqa: E402
 from gpt.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# (model, seq_len, micro_batch, grad_accum) for the overhead/MFU rows
-QUICK_MODELS = [("tiny", 256, 8, 1), ("d12", 1024, 1, 1)]
-FULL_MODELS = [("tiny", 256, 16, 2), ("d12", 1024, 2, 2)]
+SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile"]
+# What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum); the other sections
+# (model, seq_len, micro_batch[, dtypes]); `sections` run unless --only names others.
+MODES = {
+    "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
+                  ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8), repeats=4,
+                  peak_sizes=(1024, 2048), sections=["overhead", "zero", "ckpt"]),
+    "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
+                 ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
+                 repeats=6, peak_sizes=(1024, 2048, 4096), sections=SECTIONS),
+    # every code path once on the tiny model, for tests/test_bench.py: the figures mean nothing
+    "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
+                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4), repeats=1, peak_sizes=(256,),
+                  sections=["overhead", "zero", "ckpt"]),
+}
 
 
 # -- set-up -----------------------------------------------------------------------------------------
@@ -190,7 +203,7 @@ def measure_overhead_and_mfu(data, tmp, models, repeats, peaks):
     return rows
 
 
-def measure_checkpointing(data, tmp, model, seq_len, micro_batch, repeats, dtypes):
+def measure_checkpointing(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
         trainers = [Trainer(trainer_args(data, Path(tmp) / f"ckpt_{dtype}_{on}", ds_config_file(tmp, dtype, checkpointing=on),
@@ -322,9 +335,10 @@ def print_row(row, columns):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="larger batches, more steps, compile")
+    parser.add_argument("--full", action="store_true", help="larger batches, more steps, allocator, compile")
+    parser.add_argument("--smoke", action="store_true", help="every code path once on the tiny model (for tests)")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--only", nargs="+", choices=["overhead", "zero", "ckpt", "allocator", "compile"],
+    parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
     # the ZeRO worker's own arguments (the script re-launches itself on 2 ranks)
     parser.add_argument("--zero_worker", help=argparse.SUPPRESS)
@@ -339,37 +353,35 @@ def main():
     if args.allocator_worker:
         return allocator_worker(args)
 
-    sections = set(args.only or ["overhead", "zero", "ckpt"] + (["allocator", "compile"] if args.full else []))
+    mode = "full" if args.full else "smoke" if args.smoke else "quick"
+    settings = MODES[mode]
+    sections = set(args.only or settings["sections"])
+    repeats = settings["repeats"]
     started = time.perf_counter()
-    results = {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": "full" if args.full else "quick"}
+    results = {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": mode}
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_shards(Path(tmp))
-        peaks = {dtype: measure_cpu_peak_flops(DTYPES[dtype], sizes=(1024, 2048, 4096) if args.full else (1024, 2048))
-                 for dtype in DTYPES}
+        peaks = {dtype: measure_cpu_peak_flops(DTYPES[dtype], sizes=settings["peak_sizes"]) for dtype in DTYPES}
         results["matmul_peak_flops"] = peaks
         print(f"matmul peak on this CPU ({torch.get_num_threads()} threads): "
               + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" for d, p in peaks.items()))
-        repeats = 6 if args.full else 4
         if "overhead" in sections:
             print_header("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
                          OVERHEAD_COLUMNS)
-            results["overhead"] = measure_overhead_and_mfu(data, tmp, FULL_MODELS if args.full else QUICK_MODELS,
-                                                           repeats, peaks)
+            results["overhead"] = measure_overhead_and_mfu(data, tmp, settings["overhead"], repeats, peaks)
         if "zero" in sections:
             print_header("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS)
-            model = ("d12", 1024, 1) if args.full else ("d4", 256, 4)
-            results["zero"] = measure_zero_stages(data, tmp, *model, repeats)
+            results["zero"] = measure_zero_stages(data, tmp, *settings["zero"], repeats)
         if "ckpt" in sections:
             print_header("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS)
-            results["ckpt"] = measure_checkpointing(data, tmp, "d12", 1024, 2 if args.full else 1, repeats,
-                                                    ("fp32", "bf16") if args.full else ("bf16",))
+            results["ckpt"] = measure_checkpointing(data, tmp, *settings["ckpt"], repeats)
         if "allocator" in sections:
             print_header("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
                          ALLOCATOR_COLUMNS)
-            results["allocator"] = measure_allocator(tmp, "d4", 256, 8, repeats)
+            results["allocator"] = measure_allocator(tmp, *settings["allocator"], repeats)
         if "compile" in sections:
             print_header("torch.compile (inductor, CPU): compile time and steady step time", COMPILE_COLUMNS)
-            results["compile"] = measure_compile(data, tmp, "d4", 256, 8, repeats)
+            results["compile"] = measure_compile(data, tmp, *settings["compile"], repeats)
     results["seconds"] = time.perf_counter() - started
     print(f"\n{results['seconds']:.0f} s")
     if args.json:
