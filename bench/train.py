@@ -82,7 +82,9 @@ def ds_config_file(directory, dtype, stage=1, checkpointing=False):
         with_ckpt = json.loads((REPO / "ds_configs" / "zero1_bf16_ckpt.json").read_text())
         config["activation_checkpointing"] = with_ckpt["activation_checkpointing"]
     path = Path(directory) / f"{dtype}_zero{stage}{'_ckpt' if checkpointing else ''}.json"
-    path.write_text(json.dumps(config))
+    tmp = Path(f"{path}.{os.getpid()}")  # both ZeRO-worker ranks write it: a reader must never see it half-written
+    tmp.write_text(json.dumps(config))
+    os.replace(tmp, path)
     return str(path)
 
 
