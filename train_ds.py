@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from gpt import checkpoint, hellaswag
+from gpt import checkpoint, hardware, hellaswag
 from gpt import engine as ds_engine
-from gpt.config import ConfigError, build_parser, precision, resolve_auto_micro_batch, validate
+from gpt.config import ConfigError, build_parser, precision, resolve_auto_micro_batch, resolve_defaults, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
@@ -48,7 +48,8 @@ class Run:
 
 
 def print0(*args, **kwargs):
-    if ds_engine.rank() == 0:
+    """Print from rank 0 only; works before the process group exists too."""
+    if ds_engine.launched_rank() == 0:
         print(*args, **kwargs, flush=True)
 
 
@@ -70,9 +71,12 @@ def setup(args):
     """Validate every setting and the checkpoint to resume from before any process group exists, then
     join the process group."""
     world_size = ds_engine.launched_world_size()
+    device_type = ds_engine.device_type()
     try:
+        for note in resolve_defaults(args, device_type):
+            print0(note)
         if args.micro_batch == "auto":
-            plan = resolve_auto_micro_batch(args, world_size)
+            plan = resolve_auto_micro_batch(args, world_size, device_type)
             if ds_engine.launched_rank() == 0:
                 print(plan, flush=True)
         ds_config, model_config, grad_accum = validate(args, world_size)
@@ -83,6 +87,16 @@ def setup(args):
         examples = hellaswag.load(args.hellaswag) if args.hellaswag else []
     except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
         fail(e)
+    if device_type == "cuda":
+        arch_note = hardware.fix_cuda_arch_list()  # every rank, before DeepSpeed JIT-builds FusedAdam
+        if arch_note:
+            print0(arch_note)
+    elif precision(ds_config) == "bf16" and ds_engine.launched_rank() == 0:
+        warning = hardware.cpu_bf16_warning()
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+    if args.deterministic:
+        hardware.make_deterministic(device_type)
     device = ds_engine.setup_distributed(allow_cpu_fp16=args.cpu_fp16 and precision(ds_config) == "fp16")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     return ds_config, model_config, grad_accum, device, run_config, resume_from, examples
@@ -108,7 +122,8 @@ def build(args, ds_config, model_config, grad_accum, device, run_config, example
     peak, peak_label = peak_flops(device.type, precision(ds_config))
     logger = MetricsLogger(args.out_dir, enabled=rank == 0)
     print0(f"model {args.model}: {model.num_params() / 1e6:.2f}M parameters, {model_config}")
-    print0(f"{precision(ds_config)}, ZeRO {engine.zero_optimization_stage()}, {world_size} rank(s) x "
+    print0(f"{precision(ds_config)}, ZeRO {engine.zero_optimization_stage()}, "
+           f"{type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, {world_size} rank(s) x "
            f"micro_batch {args.micro_batch} x seq_len {args.seq_len} x grad_accum {grad_accum} "
            f"= {args.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
     print0(f"data {args.data}: {len(train_loader.shards)} train shard(s), {sum(train_loader.batches_per_shard):,} "

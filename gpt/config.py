@@ -10,10 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpt.data import DataError, check_shards
-from gpt.model import PRESETS
+from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
 from gpt.profiling import profiled_steps_needed
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
+GPT3_WARMUP_STEPS = 715  # 375M tokens of warmup (GPT-3 paper) at 0.5M tokens per step
 
 
 class ConfigError(ValueError):
@@ -27,7 +28,8 @@ def build_parser():
     p.add_argument("--n_layer", type=int, help="override the preset's layer count")
     p.add_argument("--n_embd", type=int, help="override the preset's width")
     p.add_argument("--n_head", type=int, help="override the preset's head count")
-    p.add_argument("--vocab_size", type=int, default=50304, help="GPT-2's 50257 padded to a multiple of 128")
+    p.add_argument("--vocab_size", type=int, default=PADDED_VOCAB_SIZE,
+                   help="GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
     p.add_argument("--seq_len", type=int, default=1024, help="tokens per sequence (<= block_size)")
     p.add_argument("--micro_batch", type=micro_batch_arg, default=16,
                    help="sequences per rank per forward pass, or 'auto': the memory planner's choice for this device")
@@ -35,7 +37,8 @@ def build_parser():
                    help="tokens per optimizer step over all ranks; sets gradient accumulation")
     p.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 0.5M = 10B tokens)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
-    p.add_argument("--warmup_steps", type=int, default=715, help="linear warmup steps")
+    p.add_argument("--warmup_steps", type=int, default=None,
+                   help=f"linear warmup steps (default {GPT3_WARMUP_STEPS}, or max_steps // 10 for shorter runs)")
     p.add_argument("--min_lr_ratio", type=float, default=0.1, help="cosine decays to lr x this")
     p.add_argument("--weight_decay", type=float, default=0.1, help="on matrices and embeddings only")
     p.add_argument("--data", default="data/shakespeare", help="directory of *_train_*.bin / *_val_*.bin shards")
@@ -61,7 +64,10 @@ def build_parser():
     p.add_argument("--skip_grad_z", type=float, default=0.0,
                    help="skip the update when the grad norm is this many sigmas above the recent window (0: off)")
     p.add_argument("--max_bad_steps", type=int, default=5, help="stop after this many skipped steps in a row")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (default: on with CUDA, off on CPU)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="torch profiler trace of STEPS steps (after 1 skipped + 1 warm-up) in OUT_DIR/profile (0: off)")
     p.add_argument("--cpu_fp16", action="store_true",
@@ -81,16 +87,33 @@ def micro_batch_arg(text):
         raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
 
 
-def resolve_auto_micro_batch(args, world_size):
+def resolve_auto_micro_batch(args, world_size, device_type):
     """--micro_batch auto: ask the planner; returns the plan's text for the log."""
     from gpt.plan import PlanError, auto_micro_batch
 
     try:
         args.micro_batch, text = auto_micro_batch(model_config(args), args.seq_len, load_ds_config(args.ds_config),
-                                                  world_size, args.total_batch_tokens)
+                                                  world_size, args.total_batch_tokens, device_type)
     except PlanError as e:
         raise ConfigError(f"--micro_batch auto: {e}") from None
     return text
+
+
+def resolve_defaults(args, device_type):
+    """Fill the settings whose default depends on the run: torch.compile by device, the warmup by run
+    length. Returns one log line per choice a user may not expect."""
+    notes = []
+    if args.compile is None:
+        args.compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
+        if args.compile:
+            notes.append("torch.compile on (the default with CUDA; --no-compile turns it off)")
+    if args.warmup_steps is None:
+        args.warmup_steps = GPT3_WARMUP_STEPS
+        if 0 < args.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
+            args.warmup_steps = args.max_steps // 10
+            notes.append(f"--warmup_steps {args.warmup_steps}: --max_steps {args.max_steps} is below the default "
+                         f"warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
+    return notes
 
 
 def load_ds_config(path):
@@ -158,8 +181,10 @@ def validate(args, world_size):
         problems.append(f"n_embd {mconfig.n_embd} is not divisible by n_head {mconfig.n_head}")
     if args.seq_len > mconfig.block_size:
         problems.append(f"--seq_len {args.seq_len} exceeds the model's block_size {mconfig.block_size} ({args.model})")
-    if mconfig.vocab_size < 50257:
-        problems.append(f"--vocab_size {mconfig.vocab_size} is smaller than GPT-2's 50257 tokens")
+    if mconfig.vocab_size <= 0:  # smaller than GPT-2's is fine for other tokenizers: check_shards checks the ids
+        problems.append(f"--vocab_size must be positive (got {mconfig.vocab_size})")
+    elif mconfig.vocab_size < GPT2_VOCAB_SIZE and args.hellaswag:
+        problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {mconfig.vocab_size} < {GPT2_VOCAB_SIZE}")
     for name in ("seq_len", "micro_batch", "total_batch_tokens", "max_steps"):
         if getattr(args, name) <= 0:
             problems.append(f"--{name} must be positive (got {getattr(args, name)})")

@@ -1,5 +1,6 @@
 """Everything DeepSpeed: process group, config filling, the engine, precision switches, step statistics."""
 import atexit
+import contextlib
 import copy
 import ctypes
 import math
@@ -11,6 +12,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime import bf16_optimizer
 
 from gpt.config import uses_activation_checkpointing
 
@@ -22,6 +24,11 @@ def launched_rank():
 
 def launched_world_size():
     return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def device_type():
+    """'cuda' or 'cpu': the accelerator DeepSpeed picked (DS_ACCELERATOR, else what it detects)."""
+    return get_accelerator().device_name()
 
 
 def rank():
@@ -145,10 +152,24 @@ def initialize(model, args, ds_config, grad_accum):
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
         model.checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
     schedule = lambda step: lr_at(step, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, args.weight_decay), config=config,
-        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule))
+    with no_memory_dumps():
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model, args.weight_decay), config=config,
+            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule))
     return engine
+
+
+@contextlib.contextmanager
+def no_memory_dumps():
+    """DeepSpeed 0.19's BF16_Optimizer prints 18 lines of memory statistics (see_memory_usage with
+    force=True) to stdout while it builds; silence those, and only those: warnings go through DeepSpeed's
+    logger, untouched."""
+    original = bf16_optimizer.see_memory_usage
+    bf16_optimizer.see_memory_usage = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        bf16_optimizer.see_memory_usage = original
 
 
 def mean_over_ranks(tensor):

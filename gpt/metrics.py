@@ -23,19 +23,23 @@ def flops_per_token(model_config, num_params, seq_len):
     return 6 * num_params + 12 * model_config.n_layer * model_config.n_embd * seq_len
 
 
-def measure_cpu_peak_flops(dtype, sizes=(1024, 2048), repeats=4):
+def measure_cpu_peak_flops(dtype, max_size=2048, repeats=4, budget_s=1.0):
     """This CPU's matmul peak in the training dtype, the roofline MFU is measured against: the best
-    throughput over square matmuls of a few sizes (small ones under-use AMX/AVX-512 units)."""
+    throughput over square matmuls of doubling sizes (small ones under-use AMX/AVX-512 units). A size is
+    skipped once it would cost over budget_s (8x the last): where bf16 is emulated (~1 GFLOP/s, no bf16
+    units) a single 2048 matmul takes 15 s."""
     generator = torch.Generator().manual_seed(0)  # leaves the global RNG, and so training, untouched
-    best = 0.0
-    for size in sizes:
+    best, size, elapsed = 0.0, 256, 0.0
+    while size <= max_size and 8 * elapsed < budget_s:
         a = torch.randn(size, size, generator=generator).to(dtype)
         b = torch.randn(size, size, generator=generator).to(dtype)
         a @ b  # warm up
         start = time.perf_counter()
         for _ in range(repeats):
             a @ b
-        best = max(best, 2 * size**3 * repeats / (time.perf_counter() - start))
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * size**3 * repeats / elapsed)
+        size *= 2
     return best
 
 

@@ -242,20 +242,21 @@ def engine_state_bytes(engine):
     return sum(seen.values())
 
 
-def device_memory_bytes():
-    """This rank's device memory: the GPU's total, or on CPU the available RAM shared by the local ranks."""
+def device_memory_bytes(device_type):
+    """This rank's device memory: the GPU's total, or on CPU the available RAM shared by the local ranks.
+    device_type is DeepSpeed's accelerator: a run pinned to the CPU on a GPU machine plans for RAM."""
     import os
 
-    if torch.cuda.is_available():
+    if device_type == "cuda":
         return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, torch.cuda.get_device_name()
     import psutil
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
     return psutil.virtual_memory().available / local_ranks, f"CPU RAM / {local_ranks} local rank(s)"
 
 
-def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens):
+def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type):
     """(micro-batch, the plan as text) for --micro_batch auto on this machine's device."""
-    device_bytes, device = device_memory_bytes()
+    device_bytes, device = device_memory_bytes(device_type)
     plan = make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens)
     if plan["micro_batch"] is None:
         raise PlanError(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
