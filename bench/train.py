@@ -1,16 +1,19 @@
-"""Training speed and memory on this machine. Every figure is a ratio against a baseline measured in the
-same run, steps interleaved (machines are noisy):
+"""Training speed and memory on this machine, CPU or GPU (DeepSpeed's accelerator). Every figure is a
+ratio against a baseline measured in the same run, steps interleaved (machines are noisy):
 
   overhead  the trainer's step (train_ds.train_step + log_step, DeepSpeed engine) / a plain PyTorch
-            AdamW step: same model, initial weights, data and dtype, 1 process
-  mfu       model FLOP/s (6N + attention, per token) / this CPU's matmul peak, measured here
+            AdamW step: same model, initial weights, data and dtype, 1 process; on a GPU also both
+            under torch.compile
+  mfu       model FLOP/s (6N + attention, per token) / the peak: on CPU this CPU's matmul peak, measured
+            here; on a GPU the datasheet's (gpt.metrics.GPU_PEAK_FLOPS)
   zero      ZeRO 0/1/2 on 2 ranks (deepspeed launcher): step time, per-rank model-state bytes
             (measured on the engine, and as the planner predicts them)
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
   allocator the trainer step with glibc's default malloc vs freed memory kept in the heap (--full)
   compile   torch.compile on/off: first-step (compile) time, steady step-time ratio (--full)
 
-    python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min)
+    python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min); on a GPU
+                                               #   d12 at 131k tokens/step, eager and compiled
     python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile (~15 min)
     python bench/train.py --only zero ckpt     # some sections
     python bench/train.py --smoke              # every code path once, tiny model (tests/test_bench.py)
@@ -38,27 +41,51 @@ sys.path.insert(0, str(REPO))
 import train_ds  # noqa: E402
 from gpt.config import build_parser  # noqa: E402
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard  # noqa: E402
-from gpt.engine import free_port, lr_at, param_groups, return_freed_memory  # noqa: E402
-from gpt.metrics import flops_per_token, measure_cpu_peak_flops  # noqa: E402
+from gpt.engine import device_type, free_port, lr_at, param_groups, return_freed_memory  # noqa: E402
+from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16  # noqa: E402
+from gpt.metrics import flops_per_token, measure_cpu_peak_flops, peak_flops  # noqa: E402
 from gpt.model import GPT  # noqa: E402
 from gpt.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes  # noqa: E402
 
+DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile"]
-# What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum); the other sections
-# (model, seq_len, micro_batch[, dtypes]); `sections` run unless --only names others.
+CPU_ONLY_SECTIONS = {"zero", "allocator"}  # 2 ranks on one machine's cores; glibc's malloc
+# What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum), in `dtypes`, eager and,
+# where `overhead_compile` says so, compiled; the other sections (model, seq_len, micro_batch[, dtypes]);
+# `sections` run unless --only names others. On CPU `peak_max_size` bounds the measured matmul peak.
 MODES = {
     "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
                   ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8), repeats=4,
-                  peak_sizes=(1024, 2048), sections=["overhead", "zero", "ckpt"]),
+                  peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
-                 repeats=6, peak_sizes=(1024, 2048, 4096), sections=SECTIONS),
+                 repeats=6, peak_max_size=4096, sections=SECTIONS),
     # every code path once on the tiny model, for tests/test_bench.py: the figures mean nothing
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
-                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4), repeats=1, peak_sizes=(256,),
+                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4), repeats=1, peak_max_size=256,
                   sections=["overhead", "zero", "ckpt"]),
+    # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
+    # eager and compiled (issue 11 measured 0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step)
+    "gpu": dict(overhead=[("d12", 1024, 32, 4)], dtypes=("bf16",), overhead_compile=(False, True),
+                ckpt=("d12", 1024, 32, ("bf16",)), compile=("d12", 1024, 32), repeats=5, sections=["overhead"]),
 }
+
+
+def usable_dtypes():
+    """(dtypes, why bf16 is left out or None). Where bf16 matmuls are emulated (a CPU without bf16 units,
+    e.g. AVX2-only) a bf16 row takes hours and measures the emulation, not the trainer."""
+    if DEVICE == "cpu" and not cpu_has_fast_bf16():
+        return ("fp32",), (f"bf16 rows skipped: this CPU has no bf16 units (a bf16 matmul takes "
+                           f"{cpu_bf16_slowdown():.0f}x the time of fp32 here, measured)")
+    return ("fp32", "bf16"), None
+
+
+def peaks_for(dtypes, settings):
+    """Peak FLOP/s per dtype for MFU: measured on CPU, the datasheet on a GPU (None for one not listed)."""
+    if DEVICE == "cuda":
+        return {dtype: peak_flops(DEVICE, dtype)[0] for dtype in dtypes}
+    return {dtype: measure_cpu_peak_flops(DTYPES[dtype], max_size=settings["peak_max_size"]) for dtype in dtypes}
 
 
 # -- set-up -----------------------------------------------------------------------------------------
@@ -94,7 +121,7 @@ def trainer_args(data, out_dir, ds_config, model, seq_len, micro_batch, grad_acc
         "--seq_len", str(seq_len), "--micro_batch", str(micro_batch),
         "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size),
         "--max_steps", "1000", "--warmup_steps", "10", "--val_every", "0", "--sample_every", "0",
-        "--val_tokens", str(seq_len), "--seed", "0", *extra])
+        "--val_tokens", str(seq_len), "--seed", "0", "--no-compile", *extra])  # extra may say --compile
 
 
 @contextlib.contextmanager
@@ -135,26 +162,29 @@ class Trainer:
 
 
 class PlainPyTorch:
-    """The baseline: the same model, initial weights, data and schedule in a textbook PyTorch loop,
-    with torch's fastest CPU/GPU AdamW (fused) and autocast for bf16."""
+    """The baseline: the same model, initial weights, data and schedule in a textbook PyTorch loop on the
+    same device, with torch's fastest AdamW (fused), autocast for bf16 and optionally torch.compile."""
 
-    def __init__(self, args, model_config, dtype):
+    def __init__(self, args, model_config, dtype, compile=False):
         torch.manual_seed(args.seed)
-        self.model = GPT(model_config)
+        self.device = torch.device(DEVICE)
+        self.model = GPT(model_config).to(self.device)
+        self.forward = torch.compile(self.model) if compile else self.model
         self.optimizer = torch.optim.AdamW(param_groups(self.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95),
                                            eps=1e-8, fused=True)
         schedule = lambda s: lr_at(s, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.loader = ShuffledTokenLoader(find_shards(args.data, "train"), args.micro_batch, args.seq_len, seed=args.seed)
+        self.loader = ShuffledTokenLoader(find_shards(args.data, "train"), args.micro_batch, args.seq_len, seed=args.seed,
+                                          pin_memory=DEVICE == "cuda")
         self.accum = args.total_batch_tokens // (args.micro_batch * args.seq_len)
         self.autocast = dtype == "bf16"
 
     def step(self):
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=self.device)
         for _ in range(self.accum):
-            x, y = self.loader.next_batch()
-            with torch.autocast("cpu", torch.bfloat16, enabled=self.autocast):
-                _, loss = self.model(x, y)
+            x, y = (t.to(self.device, non_blocking=True) for t in self.loader.next_batch())
+            with torch.autocast(DEVICE, torch.bfloat16, enabled=self.autocast):
+                _, loss = self.forward(x, y)
             (loss / self.accum).backward()
             loss_sum += loss.detach()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -165,13 +195,14 @@ class PlainPyTorch:
 
     def close(self):
         self.loader.close()
-        del self.model, self.optimizer
+        del self.model, self.forward, self.optimizer
         gc.collect()
         return_freed_memory()
 
 
 def interleaved_seconds(steppers, repeats, warmup=1):
-    """Median seconds per step of each stepper, their steps interleaved so drift hits all alike."""
+    """Median seconds per step of each stepper, their steps interleaved so drift hits all alike. Each
+    step ends in a loss .item(), so a GPU has finished the step when its timer stops."""
     times = [[] for _ in steppers]
     for i in range(warmup + repeats):
         for stepper, seconds in zip(steppers, times):
@@ -183,25 +214,28 @@ def interleaved_seconds(steppers, repeats, warmup=1):
 
 
 # -- the measurements -----------------------------------------------------------------------------
-def measure_overhead_and_mfu(data, tmp, models, repeats, peaks):
+def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks):
     rows = []
     for model, seq_len, micro_batch, accum in models:
-        for dtype in ("fp32", "bf16"):
-            args = trainer_args(data, Path(tmp) / f"{model}_{dtype}", ds_config_file(tmp, dtype), model, seq_len,
-                                micro_batch, accum)
-            trainer = Trainer(args)
-            plain = PlainPyTorch(args, trainer.config, dtype)
-            ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
-            n_params = trainer.run.model.num_params() - trainer.run.model.transformer.wpe.weight.numel()
-            flops = flops_per_token(trainer.config, n_params, seq_len) * args.total_batch_tokens
-            rows.append(dict(model=model, dtype=dtype, tokens_per_step=args.total_batch_tokens,
-                             plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,
-                             tflops=flops / ds_seconds / 1e12, mfu=flops / ds_seconds / peaks[dtype],
-                             plain_mfu=flops / plain_seconds / peaks[dtype],
-                             tokens_per_s=args.total_batch_tokens / ds_seconds))
-            trainer.close()
-            plain.close()
-            print_row(rows[-1], OVERHEAD_COLUMNS)
+        for dtype in dtypes:
+            for compiled in compiles:
+                name = f"{model}_{dtype}{'_compiled' if compiled else ''}"
+                args = trainer_args(data, Path(tmp) / name, ds_config_file(tmp, dtype), model, seq_len, micro_batch,
+                                    accum, extra=["--compile"] if compiled else [])
+                trainer = Trainer(args)
+                plain = PlainPyTorch(args, trainer.config, dtype, compile=compiled)
+                ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
+                n_params = trainer.run.model.num_params() - trainer.run.model.transformer.wpe.weight.numel()
+                flops = flops_per_token(trainer.config, n_params, seq_len) * args.total_batch_tokens
+                mfu = (lambda seconds: flops / seconds / peaks[dtype]) if peaks[dtype] else (lambda seconds: None)
+                rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=args.total_batch_tokens,
+                                 plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,
+                                 tflops=flops / ds_seconds / 1e12, mfu=mfu(ds_seconds), plain_mfu=mfu(plain_seconds),
+                                 tokens_per_s=args.total_batch_tokens / ds_seconds,
+                                 plain_tokens_per_s=args.total_batch_tokens / plain_seconds))
+                trainer.close()
+                plain.close()
+                print_row(rows[-1], OVERHEAD_COLUMNS)
     return rows
 
 
@@ -222,9 +256,9 @@ def measure_checkpointing(data, tmp, model, seq_len, micro_batch, dtypes, repeat
     return rows
 
 
-def measure_compile(data, tmp, model, seq_len, micro_batch, repeats):
+def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
-    for dtype in ("fp32", "bf16"):
+    for dtype in dtypes:
         eager, compiled = (Trainer(trainer_args(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
                                                 model, seq_len, micro_batch, 1, extra=["--compile"] if on else []))
                            for on in (False, True))
@@ -240,12 +274,12 @@ def measure_compile(data, tmp, model, seq_len, micro_batch, repeats):
     return rows
 
 
-def measure_zero_stages(data, tmp, model, seq_len, micro_batch, repeats):
+def measure_zero_stages(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     """2 ranks under the deepspeed launcher, one engine per stage in turn (this script as the worker)."""
     out = Path(tmp) / "zero.json"
     cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), __file__, "--zero_worker", str(out),
            "--data", str(data), "--tmp", str(tmp), "--model", model, "--seq_len", str(seq_len),
-           "--micro_batch", str(micro_batch), "--repeats", str(repeats)]
+           "--micro_batch", str(micro_batch), "--repeats", str(repeats), "--dtypes", *dtypes]
     proc = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"ZeRO worker failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -256,10 +290,10 @@ def measure_zero_stages(data, tmp, model, seq_len, micro_batch, repeats):
 
 
 def zero_worker(args):
-    """One rank of measure_zero_stages: ZeRO 0, 1, 2 in bf16 and fp32."""
+    """One rank of measure_zero_stages: ZeRO 0, 1, 2 in each dtype (bf16 first)."""
     import torch.distributed as dist
     rows = []
-    for dtype in ("bf16", "fp32"):
+    for dtype in sorted(args.dtypes):
         for stage in (0, 1, 2):
             trainer = Trainer(trainer_args(args.data, Path(args.tmp) / f"zero{stage}_{dtype}",
                                            ds_config_file(args.tmp, dtype, stage), args.model, args.seq_len,
@@ -278,7 +312,7 @@ def zero_worker(args):
         Path(args.zero_worker).write_text(json.dumps(rows))
 
 
-def measure_allocator(tmp, model, seq_len, micro_batch, repeats, rounds=2):
+def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):
     """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.engine's
     keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
     seconds = {"0": [], "1": []}
@@ -286,12 +320,13 @@ def measure_allocator(tmp, model, seq_len, micro_batch, repeats, rounds=2):
         for cache in seconds:
             out = Path(tmp) / f"allocator_{cache}.json"
             cmd = [sys.executable, __file__, "--allocator_worker", str(out), "--tmp", str(tmp), "--model", model,
-                   "--seq_len", str(seq_len), "--micro_batch", str(micro_batch), "--repeats", str(repeats)]
+                   "--seq_len", str(seq_len), "--micro_batch", str(micro_batch), "--repeats", str(repeats),
+                   "--dtypes", dtype]
             subprocess.run(cmd, cwd=REPO, env={**worker_env(), "DSGPT_MALLOC_CACHE": cache}, check=True,
                            capture_output=True)
             seconds[cache].append(json.loads(out.read_text())["seconds"])
     default_s, cached_s = statistics.median(seconds["0"]), statistics.median(seconds["1"])
-    row = dict(model=model, dtype="bf16", tokens_per_step=seq_len * micro_batch, glibc_default_s=default_s,
+    row = dict(model=model, dtype=dtype, tokens_per_step=seq_len * micro_batch, glibc_default_s=default_s,
                heap_kept_s=cached_s, speedup=default_s / cached_s)
     print_row(row, ALLOCATOR_COLUMNS)
     return [row]
@@ -299,7 +334,7 @@ def measure_allocator(tmp, model, seq_len, micro_batch, repeats, rounds=2):
 
 def allocator_worker(args):
     data = synthetic_shards(Path(tempfile.mkdtemp(dir=args.tmp)))
-    trainer = Trainer(trainer_args(data, Path(data) / "run", ds_config_file(data, "bf16"), args.model, args.seq_len,
+    trainer = Trainer(trainer_args(data, Path(data) / "run", ds_config_file(data, args.dtypes[0]), args.model, args.seq_len,
                                    args.micro_batch, 1))
     (seconds,) = interleaved_seconds([trainer], args.repeats)
     Path(args.allocator_worker).write_text(json.dumps({"seconds": seconds}))
@@ -313,9 +348,10 @@ def worker_env():
 
 
 # -- the report -------------------------------------------------------------------------------------
-OVERHEAD_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}"), ("plain_s", "{:.3f}"),
-                    ("trainer_s", "{:.3f}"), ("ratio", "{:.3f}"), ("tflops", "{:.3f}"), ("mfu", "{:.2f}"),
-                    ("plain_mfu", "{:.2f}"), ("tokens_per_s", "{:.0f}")]
+OVERHEAD_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("compiled", "{}"), ("tokens_per_step", "{}"),
+                    ("plain_s", "{:.3f}"), ("trainer_s", "{:.3f}"), ("ratio", "{:.3f}"), ("tflops", "{:.3f}"),
+                    ("mfu", "{:.2f}"), ("plain_mfu", "{:.2f}"), ("tokens_per_s", "{:.0f}"),
+                    ("plain_tokens_per_s", "{:.0f}")]
 ZERO_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("stage", "{}"), ("optimizer", "{}"), ("step_s", "{:.3f}"),
                 ("state_bytes_rank0", "{:,}"), ("state_bytes_rank1", "{:,}"), ("planned_bytes", "{:,.0f}")]
 CKPT_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens", "{}"), ("off_s", "{:.3f}"), ("on_s", "{:.3f}"),
@@ -332,7 +368,8 @@ def print_header(title, columns):
 
 
 def print_row(row, columns):
-    print("| " + " | ".join(fmt.format(row[name]) for name, fmt in columns) + " |", flush=True)
+    print("| " + " | ".join("-" if row[name] is None else fmt.format(row[name]) for name, fmt in columns) + " |",
+          flush=True)
 
 
 def main():
@@ -349,41 +386,61 @@ def main():
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
     for name in ("seq_len", "micro_batch", "repeats", "local_rank"):
         parser.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dtypes", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.zero_worker:
         return zero_worker(args)
     if args.allocator_worker:
         return allocator_worker(args)
 
-    mode = "full" if args.full else "smoke" if args.smoke else "quick"
+    mode = "smoke" if args.smoke else "full" if args.full else "quick"
+    if DEVICE == "cuda" and mode != "smoke":
+        mode = "gpu"
     settings = MODES[mode]
     sections = set(args.only or settings["sections"])
+    if DEVICE == "cuda" and sections & CPU_ONLY_SECTIONS:
+        print(f"skipping {', '.join(sorted(sections & CPU_ONLY_SECTIONS))}: CPU only (2 ranks on one machine's "
+              f"cores, glibc's malloc)")
+        sections -= CPU_ONLY_SECTIONS
+    usable, bf16_skipped = usable_dtypes()
+    if bf16_skipped:
+        print(bf16_skipped)
+
+    def only_usable(dtypes):  # a section meant for bf16 alone measures fp32 instead where bf16 is skipped
+        return tuple(d for d in dtypes if d in usable) or ("fp32",)
+    dtypes = only_usable(settings.get("dtypes", usable))
     repeats = settings["repeats"]
     started = time.perf_counter()
-    results = {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": mode}
+    results = {"device": DEVICE, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": mode,
+               "bf16_skipped": bf16_skipped}
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_shards(Path(tmp))
-        peaks = {dtype: measure_cpu_peak_flops(DTYPES[dtype], sizes=settings["peak_sizes"]) for dtype in DTYPES}
+        peaks = peaks_for(dtypes, settings)
         results["matmul_peak_flops"] = peaks
-        print(f"matmul peak on this CPU ({torch.get_num_threads()} threads): "
-              + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" for d, p in peaks.items()))
+        where = torch.cuda.get_device_name() + " datasheet" if DEVICE == "cuda" else \
+            f"this CPU ({torch.get_num_threads()} threads), measured"
+        print(f"matmul peak on {where}: "
+              + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
         if "overhead" in sections:
             print_header("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
                          OVERHEAD_COLUMNS)
-            results["overhead"] = measure_overhead_and_mfu(data, tmp, settings["overhead"], repeats, peaks)
+            results["overhead"] = measure_overhead_and_mfu(data, tmp, settings["overhead"], dtypes,
+                                                           settings.get("overhead_compile", (False,)), repeats, peaks)
         if "zero" in sections:
             print_header("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS)
-            results["zero"] = measure_zero_stages(data, tmp, *settings["zero"], repeats)
+            results["zero"] = measure_zero_stages(data, tmp, *settings["zero"], dtypes, repeats)
         if "ckpt" in sections:
             print_header("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS)
-            results["ckpt"] = measure_checkpointing(data, tmp, *settings["ckpt"], repeats)
+            model, seq_len, micro_batch, ckpt_dtypes = settings["ckpt"]
+            results["ckpt"] = measure_checkpointing(data, tmp, model, seq_len, micro_batch, only_usable(ckpt_dtypes),
+                                                    repeats)
         if "allocator" in sections:
             print_header("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
                          ALLOCATOR_COLUMNS)
-            results["allocator"] = measure_allocator(tmp, *settings["allocator"], repeats)
+            results["allocator"] = measure_allocator(tmp, *settings["allocator"], dtypes[-1], repeats)
         if "compile" in sections:
-            print_header("torch.compile (inductor, CPU): compile time and steady step time", COMPILE_COLUMNS)
-            results["compile"] = measure_compile(data, tmp, *settings["compile"], repeats)
+            print_header(f"torch.compile (inductor, {DEVICE}): compile time and steady step time", COMPILE_COLUMNS)
+            results["compile"] = measure_compile(data, tmp, *settings["compile"], dtypes, repeats)
     results["seconds"] = time.perf_counter() - started
     print(f"\n{results['seconds']:.0f} s")
     if args.json:
