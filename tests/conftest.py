@@ -1,19 +1,34 @@
-"""Shared fixtures: the Shakespeare shards (prepared once per session) and a runner for real training
-runs through train_ds.py, under `python` (1 rank) or the deepspeed launcher (2 CPU ranks)."""
+"""Shared fixtures: the Shakespeare shards (prepared once per session, also in a small vocabulary for
+bf16/fp16 runs) and a runner for real training runs through train_ds.py, under `python` (1 rank) or the
+deepspeed launcher (2 CPU ranks). Every test here runs on DeepSpeed's CPU accelerator, also on a machine
+with a GPU; tests/test_gpu.py holds the CUDA tests."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported; runs started from here inherit it
 
-from gpt.engine import free_port
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from gpt.data import find_shards, load_shard, write_shard  # noqa: E402
+from gpt.engine import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-# A tiny model and batch that keep each run to seconds on 2 CPU cores.
+FP32_CONFIG = "ds_configs/zero2_fp32.json"
+# A tiny model and batch that keep each run to seconds on 2 CPU cores, in fp32: fast on every CPU. Tests
+# about another precision or config pass their own --ds_config after these (argparse keeps the last).
 TINY = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--warmup_steps", "2",
-        "--val_every", "0", "--sample_every", "0", "--seed", "1234"]
+        "--val_every", "0", "--sample_every", "0", "--seed", "1234", "--ds_config", FP32_CONFIG]
+# bf16 and fp16 runs: CPUs without bf16 units emulate half-precision matmuls ~90x slower than fp32, and the
+# tiny model's 50304-wide logits matmul is 97% of its FLOPs. With small_vocab_dir it shrinks 100x.
+SMALL_VOCAB = 512
+HALF = ["--vocab_size", str(SMALL_VOCAB)]
+# Emulates a CPU without bf16 units (an AVX2-only AMD EPYC) on any x86 CPU: oneDNN and ATen stop at AVX2,
+# so bf16 matmuls are converted in software, 50-100x slower than fp32.
+NO_BF16_UNITS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +36,21 @@ def shakespeare_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("shakespeare")
     subprocess.run([sys.executable, "-m", "gpt.prepare", "shakespeare", "--out_dir", str(out)],
                    cwd=REPO, check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_vocab_dir(shakespeare_dir, tmp_path_factory):
+    """The Shakespeare shards in a SMALL_VOCAB-token vocabulary: the most frequent GPT-2 tokens of the
+    train split get ids 0, 1, ... by rank, and every rarer token the last id. Still English to learn."""
+    out = tmp_path_factory.mktemp("shakespeare_small_vocab")
+    train_tokens = np.concatenate([np.asarray(load_shard(p)) for p in find_shards(shakespeare_dir, "train")])
+    by_frequency = np.argsort(-np.bincount(train_tokens, minlength=2**16), kind="stable")
+    new_id = np.full(2**16, SMALL_VOCAB - 1, dtype=np.uint16)
+    new_id[by_frequency[:SMALL_VOCAB - 1]] = np.arange(SMALL_VOCAB - 1)
+    for split in ("train", "val"):
+        for path in find_shards(shakespeare_dir, split):
+            write_shard(out / path.name, new_id[np.asarray(load_shard(path))])
     return out
 
 

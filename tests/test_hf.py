@@ -14,8 +14,7 @@ from gpt.model import GPT, PRESETS
 @pytest.fixture(scope="module")
 def trained_checkpoint(tmp_path_factory, shakespeare_dir):
     out = tmp_path_factory.mktemp("trained")
-    train(out, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3",
-          "--ds_config", "ds_configs/zero2_bf16.json")
+    train(out, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3")
     return out / "checkpoints"
 
 

@@ -8,8 +8,7 @@ from conftest import REPO, TINY, train
 
 
 def test_profile_writes_a_trace_per_rank_for_tensorboard(tmp_path, shakespeare_dir):
-    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "1024", "--profile", "2",
-          "--ds_config", "ds_configs/zero2_bf16.json", ranks=2)
+    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "1024", "--profile", "2", ranks=2)
     for rank in (0, 1):
         (trace,) = (tmp_path / "profile").glob(f"rank{rank}.*.pt.trace.json")
         events = json.loads(trace.read_text())["traceEvents"]

@@ -1,13 +1,14 @@
 """Real DeepSpeed runs on CPU through train_ds.py: 1 rank under `python`, 2 gloo ranks under the
 deepspeed launcher (and torchrun)."""
 import json
+import math
 
 import numpy as np
 import pytest
 
 from pathlib import Path
 
-from conftest import TINY, free_port, train, train_losses, write_ds_config
+from conftest import HALF, SMALL_VOCAB, TINY, free_port, train, train_losses, write_ds_config
 from gpt.engine import lr_at
 
 FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
@@ -19,14 +20,20 @@ def assert_close(a, b, rel=1e-5):
         assert abs(x - y) <= rel * abs(y), (a, b)
 
 
-@pytest.mark.parametrize("config", ["zero1_bf16.json", "zero2_bf16.json", "zero1_fp16.json", "zero2_fp16.json"])
-def test_loss_falls_on_shakespeare_with_two_ranks(tmp_path, shakespeare_dir, config):
-    records, _ = train(tmp_path, shakespeare_dir, *TINY, "--ds_config", f"ds_configs/{config}", "--cpu_fp16",
-                       "--max_steps", "25", "--lr", "3e-3", "--total_batch_tokens", "1024", ranks=2)
+@pytest.mark.parametrize("config", ["zero1_bf16.json", "zero2_bf16.json", "zero1_fp16.json", "zero2_fp16.json",
+                                    "zero2_fp32.json"])
+def test_loss_falls_on_shakespeare_with_two_ranks(tmp_path, request, config):
+    # bf16/fp16 in a 512-token vocabulary: fast also where half-precision matmuls are emulated
+    half = "fp32" not in config
+    data, vocab = (request.getfixturevalue("small_vocab_dir"), SMALL_VOCAB) if half else (
+        request.getfixturevalue("shakespeare_dir"), 50304)
+    records, proc = train(tmp_path, data, *TINY, *(HALF if half else []), "--ds_config", f"ds_configs/{config}",
+                       "--cpu_fp16", "--max_steps", "25", "--lr", "3e-3", "--total_batch_tokens", "1024", ranks=2)
     losses = train_losses(records)
     assert len(losses) == 25
-    assert losses[0] > 10.5  # ln(50304) = 10.83 at initialisation
-    assert sum(losses[-5:]) / 5 < losses[0] - 2.5
+    assert losses[0] > math.log(vocab) - 0.3  # a uniform guess at initialisation
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.5
+    assert "CPU Virtual Memory" not in proc.stdout  # BF16_Optimizer's start-up memory dumps are silenced
 
 
 def test_zero_stages_0_1_2_give_the_same_losses(tmp_path, shakespeare_dir):
@@ -49,20 +56,20 @@ def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, shakespear
     assert_close(losses[0], losses[1])
 
 
-def test_activation_checkpointing_leaves_losses_unchanged(tmp_path, shakespeare_dir):
+def test_activation_checkpointing_leaves_losses_unchanged(tmp_path, small_vocab_dir):
     losses = []
     for config in ("zero2_bf16.json", "zero2_bf16_ckpt.json"):
-        records, proc = train(tmp_path / config, shakespeare_dir, *TINY, *FP32_STEPS,
+        records, proc = train(tmp_path / config, small_vocab_dir, *TINY, *HALF, *FP32_STEPS,
                               "--ds_config", f"ds_configs/{config}", ranks=2)
         losses.append(train_losses(records))
     assert losses[0] == losses[1]
 
 
-def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, shakespeare_dir):
+def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, small_vocab_dir):
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 24, "loss_scale_window": 1000,
             "hysteresis": 1, "min_loss_scale": 1}
     config = write_ds_config(tmp_path / "fp16.json", precision="fp32", fp16=fp16)
-    records, proc = train(tmp_path / "run", shakespeare_dir, *TINY, *FP32_STEPS, "--max_steps", "12",
+    records, proc = train(tmp_path / "run", small_vocab_dir, *TINY, *HALF, *FP32_STEPS, "--max_steps", "12",
                           "--ds_config", config, "--cpu_fp16")
     steps = [r for r in records if "loss" in r]
     assert steps[0]["skipped_steps"] == 1 and steps[0]["loss_scale"] == 2.0**23
@@ -77,7 +84,7 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, shakes
 def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
     port = free_port()
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "1024",
-                          "--ds_config", "ds_configs/zero1_bf16.json", "--val_every", "2", "--val_tokens", "512",
+                          "--val_every", "2", "--val_tokens", "512",
                           ranks=2, launcher="torchrun", port=port)
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2]
     assert [r["step"] for r in records if "val_loss" in r] == [0, 2]

@@ -1,0 +1,97 @@
+"""The CUDA paths, on one GPU: d12-shaped steps in bf16 and fp16 (the loss scale moves on overflow), the
+default torch.compile with validation and sampling, bit-exact resume under --deterministic, --micro_batch
+auto and DeepSpeed's FusedAdam JIT build. Skipped where there is no CUDA (CI);
+`python -m pytest -m gpu tests` runs just these on a GPU machine."""
+import re
+
+import pytest
+import torch
+
+from conftest import train, train_losses, write_ds_config
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# GPT-2 small (d12) at full sequence length, 4 micro-batches of 8: one optimizer step takes ~0.1 s on an H100
+D12 = ["--model", "d12", "--seq_len", "1024", "--micro_batch", "8", "--total_batch_tokens", "32768",
+       "--lr", "1e-3", "--warmup_steps", "2", "--val_every", "0", "--sample_every", "0", "--seed", "1234"]
+
+
+@pytest.fixture(autouse=True)
+def on_cuda(monkeypatch):
+    """conftest pins DeepSpeed to its CPU accelerator; runs started from these tests use the GPU."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+
+
+def steps(records):
+    return [r for r in records if "loss" in r]
+
+
+def test_d12_zero1_bf16_learns(tmp_path, shakespeare_dir):
+    records, proc = train(tmp_path, shakespeare_dir, *D12, "--ds_config", "ds_configs/zero1_bf16.json",
+                          "--no-compile", "--max_steps", "12")
+    losses = train_losses(records)
+    assert losses[0] > 10.5 and sum(losses[-3:]) / 3 < losses[0] - 2.0, losses
+    assert "bf16, ZeRO 1, BF16_Optimizer over FusedAdam" in proc.stdout
+    assert "CPU Virtual Memory" not in proc.stdout  # no DeepSpeed memory dumps
+
+
+def test_d12_zero2_fp16_lowers_the_loss_scale_on_overflow_then_learns(tmp_path, shakespeare_dir):
+    # 2**32 x a loss of ~11 overflows fp16 (max 65504) in the backward: each overflow skips the step and
+    # halves the scale until the gradients fit
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 32, "loss_scale_window": 1000,
+            "hysteresis": 1, "min_loss_scale": 1}
+    config = write_ds_config(tmp_path / "fp16.json", base="zero2_fp16.json", fp16=fp16)
+    records, proc = train(tmp_path / "run", shakespeare_dir, *D12, "--ds_config", config, "--no-compile",
+                          "--max_steps", "36")
+    records = steps(records)
+    assert records[0]["skipped_steps"] == 1 and records[0]["loss_scale"] == 2.0**31
+    skipped = records[-1]["skipped_steps"]
+    assert 0 < skipped <= 24 and records[-1]["loss_scale"] == 2.0 ** (32 - skipped)
+    trained = [r["loss"] for r in records[skipped:]]
+    assert sum(trained[-3:]) / 3 < trained[0] - 1.0, trained
+    assert "fp16, ZeRO 2, DeepSpeedZeroOptimizer over FusedAdam" in proc.stdout
+
+
+def test_compile_is_the_default_and_keeps_validation_and_sampling_working(tmp_path, shakespeare_dir):
+    args = [*D12, "--seq_len", "256", "--total_batch_tokens", "8192", "--max_steps", "3", "--val_every", "2",
+            "--val_tokens", "8192", "--sample_every", "2", "--sample_tokens", "16"]
+    compiled, proc = train(tmp_path / "compiled", shakespeare_dir, *args)
+    assert "torch.compile on (the default with CUDA; --no-compile turns it off)" in proc.stdout
+    assert "sample at step 2:" in proc.stdout
+    eager, _ = train(tmp_path / "eager", shakespeare_dir, *args, "--no-compile")
+    for key in ("loss", "val_loss"):  # bf16: the compiled kernels round differently
+        assert [r[key] for r in compiled if key in r] == pytest.approx([r[key] for r in eager if key in r], rel=2e-2)
+
+
+@pytest.mark.parametrize("config", ["zero1_bf16.json", "zero2_fp16.json"])
+def test_deterministic_resume_is_bit_exact(tmp_path, shakespeare_dir, config):
+    args = [*D12, "--ds_config", f"ds_configs/{config}", "--no-compile", "--deterministic", "--max_steps", "6",
+            "--save_every", "3", "--val_every", "3", "--val_tokens", "16384"]
+    whole, _ = train(tmp_path / "whole", shakespeare_dir, *args)
+    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *args,
+                          extra=["--resume", str(tmp_path / "whole" / "checkpoints" / "step_00000002")])
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+
+    def exact(records):
+        return [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss")) for r in records
+                if r["step"] >= 3 and ("loss" in r or "val_loss" in r)]
+    assert exact(resumed) == exact(whole)  # equality, not a tolerance
+
+
+def test_micro_batch_auto_fills_the_gpu(tmp_path, shakespeare_dir):
+    records, proc = train(tmp_path, shakespeare_dir, *D12, "--micro_batch", "auto", "--no-compile",
+                          "--total_batch_tokens", "524288", "--max_steps", "2")
+    chosen = re.search(r"1 rank\(s\) x micro_batch (\d+) x seq_len 1024 x grad_accum (\d+)", proc.stdout)
+    assert chosen, proc.stdout[-3000:]
+    micro, accum = map(int, chosen.groups())
+    assert micro >= 8 and micro * accum * 1024 == 524288  # d12 in bf16 on a >= 32 GB GPU
+    assert [r["step"] for r in steps(records)] == [0, 1]
+
+
+def test_fused_adam_builds_with_an_arch_suffixed_torch_cuda_arch_list(tmp_path, shakespeare_dir, monkeypatch):
+    major, minor = torch.cuda.get_device_capability()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}a")  # as NVIDIA's containers set it for Hopper
+    records, proc = train(tmp_path, shakespeare_dir, *D12, "--no-compile", "--max_steps", "2")
+    assert f"TORCH_CUDA_ARCH_LIST '{major}.{minor}a' -> '{major}.{minor}' for DeepSpeed's op builder" in proc.stdout
+    assert "over FusedAdam" in proc.stdout
+    assert [r["step"] for r in steps(records)] == [0, 1]

@@ -1,0 +1,143 @@
+"""What a run adapts to the machine and the run: TORCH_CUDA_ARCH_LIST for DeepSpeed's op builder, the CPU
+precision by bf16 units, the defaults for --compile and the warmup, deterministic runs, a quiet start."""
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HALF, NO_BF16_UNITS, REPO, TINY, train, train_losses
+from gpt import hardware
+from gpt.config import GPT3_WARMUP_STEPS, build_parser, resolve_defaults
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("9.0a", "9.0"),  # NVIDIA's PyTorch containers on Hopper
+    ("10.0a", "10.0"),
+    ("8.6+PTX", "8.6+PTX"),
+    ("9.0a+PTX", "9.0+PTX"),
+    ("8.0;9.0a", "8.0;9.0"),
+    ("7.0 8.0 9.0a", "7.0;8.0;9.0"),
+    ("12.0f", "12.0"),
+])
+def test_arch_suffixes_are_dropped_so_deepspeeds_op_builder_parses_the_list(value, expected, monkeypatch):
+    assert hardware.normalize_cuda_arch_list(value) == expected
+    builder = importlib.import_module("deepspeed.ops.op_builder.fused_adam").FusedAdamBuilder()  # the CUDA one
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", value)
+    if value != expected:
+        with pytest.raises(ValueError, match="invalid literal for int"):  # what crashed deepspeed.initialize
+            builder.compute_capability_args()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", expected)
+    flags = builder.compute_capability_args()
+    assert flags and all(flag.startswith("-gencode=arch=compute_") for flag in flags)
+
+
+def test_fix_cuda_arch_list_rewrites_keeps_or_unsets_with_one_line():
+    environ = {"TORCH_CUDA_ARCH_LIST": "9.0a"}
+    assert hardware.fix_cuda_arch_list(environ) == "TORCH_CUDA_ARCH_LIST '9.0a' -> '9.0' for DeepSpeed's op builder"
+    assert environ == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert hardware.fix_cuda_arch_list(environ) is None and environ == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert hardware.fix_cuda_arch_list({}) is None
+    environ = {"TORCH_CUDA_ARCH_LIST": "Hopper"}
+    assert hardware.fix_cuda_arch_list(environ) == (
+        "TORCH_CUDA_ARCH_LIST='Hopper' is not a list of compute capabilities DeepSpeed can build for: "
+        "unset, DeepSpeed builds for the GPUs it finds")
+    assert environ == {}
+
+
+def cpu_config_choice(env):
+    proc = subprocess.run([sys.executable, "-m", "gpt.hardware"], cwd=REPO, env={**os.environ, **env},
+                          capture_output=True, text=True, check=True)
+    return proc.stdout.strip(), proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_cpu_without_bf16_units_gets_the_fp32_config():
+    config, reason = cpu_config_choice(NO_BF16_UNITS)
+    assert config == "ds_configs/zero2_fp32.json"
+    assert "no bf16 units, bf16 would be emulated" in reason
+
+
+def test_the_cpu_choice_follows_the_measured_bf16_speed():
+    config, reason = cpu_config_choice({})
+    fast = hardware.cpu_has_fast_bf16()
+    assert config == ("ds_configs/zero2_bf16.json" if fast else "ds_configs/zero2_fp32.json")
+    assert ("bf16 units present" in reason) == fast
+
+
+def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(tmp_path, small_vocab_dir, monkeypatch):
+    for key, value in NO_BF16_UNITS.items():
+        monkeypatch.setenv(key, value)
+    _, proc = train(tmp_path, small_vocab_dir, *TINY, *HALF, "--ds_config", "ds_configs/zero1_bf16.json",
+                    "--max_steps", "2", "--total_batch_tokens", "512", ranks=2)
+    warnings = [line for line in proc.stderr.splitlines() if "no bf16 units" in line]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert warnings[0].startswith("warning: this CPU has no bf16 units: bf16 matmuls run ")
+    assert warnings[0].endswith("use ds_configs/zero2_fp32.json")
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv,device,expected", [
+    ((), "cuda", True), ((), "cpu", False),
+    (("--no-compile",), "cuda", False), (("--compile",), "cpu", True),
+])
+def test_compile_is_on_by_default_with_cuda_only(argv, device, expected):
+    args = parse(*argv)
+    notes = resolve_defaults(args, device)
+    assert args.compile is expected
+    assert notes == (["torch.compile on (the default with CUDA; --no-compile turns it off)"] if not argv and expected
+                     else [])
+
+
+def test_a_run_shorter_than_the_default_warmup_warms_up_for_a_tenth_of_it():
+    args = parse("--max_steps", "80")
+    assert resolve_defaults(args, "cpu") == [
+        f"--warmup_steps 8: --max_steps 80 is below the default warmup of {GPT3_WARMUP_STEPS}, "
+        f"so the warmup is a tenth of the run"]
+    assert args.warmup_steps == 8
+    args = parse("--max_steps", "20000")
+    assert resolve_defaults(args, "cpu") == [] and args.warmup_steps == GPT3_WARMUP_STEPS
+    args = parse("--max_steps", "80", "--warmup_steps", "30")
+    assert resolve_defaults(args, "cpu") == [] and args.warmup_steps == 30  # an explicit value is kept
+
+
+def test_a_short_trial_run_just_works_and_an_explicit_warmup_beyond_it_is_an_error(tmp_path, shakespeare_dir):
+    no_warmup = [a for a in TINY if a not in ("--warmup_steps", "2")]
+    records, proc = train(tmp_path / "short", shakespeare_dir, *no_warmup, "--max_steps", "8",
+                          "--total_batch_tokens", "256")
+    assert "--warmup_steps 0: --max_steps 8 is below the default warmup" in proc.stdout
+    assert [r["step"] for r in records if "loss" in r] == list(range(8))
+    _, proc = train(tmp_path / "long", shakespeare_dir, *no_warmup, "--max_steps", "8", "--warmup_steps", "9",
+                    check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: --warmup_steps 9 must lie in [0, --max_steps 8]"
+
+
+def test_deterministic_mode_runs_validation_and_sampling_and_changes_nothing_on_cpu(tmp_path, shakespeare_dir):
+    args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--val_every", "2", "--val_tokens", "512",
+            "--sample_every", "2", "--sample_tokens", "8"]
+    plain, _ = train(tmp_path / "plain", shakespeare_dir, *args)
+    deterministic, proc = train(tmp_path / "deterministic", shakespeare_dir, *args, "--deterministic")
+    assert train_losses(deterministic) == train_losses(plain)  # CPU kernels are deterministic already
+    assert [r["val_loss"] for r in deterministic if "val_loss" in r] == [r["val_loss"] for r in plain if "val_loss" in r]
+    assert "sample at step 2:" in proc.stdout
+
+
+def test_make_deterministic_sets_the_cuda_switches(monkeypatch):
+    import torch
+
+    environ = {}
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    try:
+        hardware.make_deterministic("cuda", environ)
+        assert environ == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cudnn.benchmark is False
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        torch.backends.cuda.enable_mem_efficient_sdp(True)
