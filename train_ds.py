@@ -14,7 +14,8 @@ import torch
 
 from gpt import checkpoint, hardware, hellaswag
 from gpt import engine as ds_engine
-from gpt.config import ConfigError, build_parser, precision, resolve_auto_micro_batch, resolve_defaults, validate
+from gpt.config import ConfigError, build_parser, resolve_auto_micro_batch, resolve_defaults, validate
+from gpt.ds_config import precision, zero_stage
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
@@ -63,7 +64,7 @@ def fail(message, code=2):
 def run_config_of(args, ds_config, model_config, world_size):
     """What a checkpoint records about the run that wrote it."""
     return {"model": asdict(model_config), "precision": precision(ds_config),
-            "zero_stage": ds_config.get("zero_optimization", {}).get("stage", 0), "world_size": world_size,
+            "zero_stage": zero_stage(ds_config), "world_size": world_size,
             "args": {k: v for k, v in vars(args).items() if k != "local_rank"}}
 
 

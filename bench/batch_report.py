@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt.config import load_ds_config  # noqa: E402
+from gpt.ds_config import load as load_ds_config  # noqa: E402
 from gpt.model import PRESETS  # noqa: E402
 from gpt.plan import GPUS, PlanError, make_plan  # noqa: E402
 

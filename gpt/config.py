@@ -4,13 +4,13 @@ Derived values (model shape, gradient accumulation) are computed here, once, bef
 or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
 """
 import argparse
-import json
 import os
 from dataclasses import replace
-from pathlib import Path
 
+from gpt import ds_config as dsc
 from gpt.data import DataError, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
+from gpt.plan import PlanError, auto_micro_batch
 from gpt.profiling import profiled_steps_needed
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
@@ -89,10 +89,8 @@ def micro_batch_arg(text):
 
 def resolve_auto_micro_batch(args, world_size, device_type):
     """--micro_batch auto: ask the planner; returns the plan's text for the log."""
-    from gpt.plan import PlanError, auto_micro_batch
-
     try:
-        args.micro_batch, text = auto_micro_batch(model_config(args), args.seq_len, load_ds_config(args.ds_config),
+        args.micro_batch, text = auto_micro_batch(model_config(args), args.seq_len, dsc.load(args.ds_config),
                                                   world_size, args.total_batch_tokens, device_type)
     except PlanError as e:
         raise ConfigError(f"--micro_batch auto: {e}") from None
@@ -116,32 +114,6 @@ def resolve_defaults(args, device_type):
     return notes
 
 
-def load_ds_config(path):
-    """The DeepSpeed JSON as a dict, or a one-line reason why not."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: DeepSpeed config not found")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return config
-
-
-def precision(ds_config):
-    """'bf16', 'fp16' or 'fp32' as the DeepSpeed config selects."""
-    enabled = [k for k in ("bf16", "fp16") if ds_config.get(k, {}).get("enabled", False)]
-    return enabled[0] if enabled else "fp32"
-
-
-def uses_activation_checkpointing(ds_config):
-    """DeepSpeed's `activation_checkpointing` block only configures its checkpoint API; the block's
-    presence is our switch to checkpoint every transformer block."""
-    return "activation_checkpointing" in ds_config
-
-
 def model_config(args):
     preset = PRESETS[args.model]
     overrides = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head") if getattr(args, k) is not None}
@@ -162,19 +134,9 @@ def validate(args, world_size):
     Returns (ds_config, model_config, grad_accum)."""
     problems, ds_config, grad_accum = [], None, None
     try:
-        ds_config = load_ds_config(args.ds_config)
-        if all(ds_config.get(k, {}).get("enabled", False) for k in ("bf16", "fp16")):
-            problems.append(f"{args.ds_config}: fp16 and bf16 are both enabled; choose one")
-        elif precision(ds_config) == "fp16" and ds_config.get("zero_optimization", {}).get("stage", 0) == 0:
-            # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
-            # grad norms and clipping come out wrong by the loss scale.
-            problems.append(f"{args.ds_config}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)")
-        elif (precision(ds_config) == "bf16" and ds_config.get("zero_optimization", {}).get("stage", 0) == 0
-              and ds_config.get("data_types", {}).get("grad_accum_dtype") == "fp32"):
-            # DeepSpeed 0.19 raises NotImplementedError inside deepspeed.initialize for this mix.
-            problems.append(f"{args.ds_config}: bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) "
-                            f"needs ZeRO stage 1 or 2")
-    except ConfigError as e:
+        ds_config = dsc.load(args.ds_config)
+        problems += dsc.problems(ds_config, args.ds_config)
+    except dsc.DeepSpeedConfigError as e:
         problems.append(str(e))
     mconfig = model_config(args)
     if mconfig.n_embd % mconfig.n_head:

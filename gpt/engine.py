@@ -1,7 +1,6 @@
 """Everything DeepSpeed: process group, config filling, the engine, precision switches, step statistics."""
 import atexit
 import contextlib
-import copy
 import ctypes
 import math
 import os
@@ -14,7 +13,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime import bf16_optimizer
 
-from gpt.config import uses_activation_checkpointing
+from gpt import ds_config as dsc
 
 
 def launched_rank():
@@ -133,22 +132,12 @@ def param_groups(model, weight_decay):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def fill_ds_config(ds_config, args, grad_accum):
-    """A copy of the JSON with what the run decides: the batch triple, learning rate, weight decay."""
-    config = copy.deepcopy(ds_config)
-    config["train_micro_batch_size_per_gpu"] = args.micro_batch
-    config["gradient_accumulation_steps"] = grad_accum
-    config["train_batch_size"] = args.total_batch_tokens // args.seq_len
-    optimizer = config.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    optimizer.setdefault("params", {}).update(lr=args.lr, weight_decay=args.weight_decay)
-    return config
-
-
 def initialize(model, args, ds_config, grad_accum):
     """The DeepSpeed engine around model; with an `activation_checkpointing` block in the JSON, every
     transformer block is recomputed in backward through DeepSpeed's checkpoint API."""
-    config = fill_ds_config(ds_config, args, grad_accum)
-    if uses_activation_checkpointing(config):
+    config = dsc.fill(ds_config, args.micro_batch, grad_accum, args.total_batch_tokens // args.seq_len, args.lr,
+                      args.weight_decay)
+    if dsc.uses_activation_checkpointing(config):
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
         model.checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
     schedule = lambda step: lr_at(step, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr

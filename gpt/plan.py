@@ -27,6 +27,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from gpt import ds_config as dsc
 from gpt.model import GPT, PRESETS, GPTConfig
 
 GiB = 2**30
@@ -166,11 +167,9 @@ def plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, d
 
 
 def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens):
-    from gpt.config import precision as precision_of, uses_activation_checkpointing
-
-    precision = precision_of(ds_config)
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    checkpointing = uses_activation_checkpointing(ds_config)
+    precision = dsc.precision(ds_config)
+    stage = dsc.zero_stage(ds_config)
+    checkpointing = dsc.uses_activation_checkpointing(ds_config)
     with torch.device("meta"):
         n_params = GPT(config).num_params()
 
@@ -294,7 +293,6 @@ def build_parser():
 
 
 def main(argv=None):
-    from gpt.config import ConfigError, load_ds_config
 
     args = build_parser().parse_args(argv)
     try:
@@ -305,9 +303,9 @@ def main(argv=None):
                                                    if getattr(args, k) is not None})
         if args.seq_len > config.block_size:
             raise PlanError(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size}")
-        plan = make_plan(config, args.seq_len, load_ds_config(args.ds_config), args.world_size, device_bytes,
+        plan = make_plan(config, args.seq_len, dsc.load(args.ds_config), args.world_size, device_bytes,
                          args.total_batch_tokens)
-    except (PlanError, ConfigError) as e:
+    except (PlanError, dsc.DeepSpeedConfigError) as e:
         sys.exit(f"error: {e}")
     if args.json:
         print(json.dumps(plan))

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpt import engine as ds_engine  # noqa: E402
-from gpt.config import precision  # noqa: E402
+from gpt.ds_config import precision  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.plan import engine_state_bytes, resident_model_state_bytes  # noqa: E402
 

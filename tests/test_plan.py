@@ -13,7 +13,7 @@ from conftest import REPO, free_port
 from gpt.model import GPTConfig
 from gpt.plan import (GiB, MODEL_STATE_PARTS, PlanError, make_plan, measure_activation_bytes, model_state_bytes,
                       saved_activation_bytes, zero_paper_model_states)
-from gpt.config import load_ds_config
+from gpt.ds_config import load as load_ds_config
 
 
 @pytest.mark.parametrize("world_size", [1, 8, 64])
