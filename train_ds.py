@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gpt import checkpoint, hardware, hellaswag
+from gpt import dist
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, build_parser, resolve_auto_micro_batch, resolve_defaults, validate
 from gpt.ds_config import precision, zero_stage
@@ -50,13 +51,13 @@ class Run:
 
 def print0(*args, **kwargs):
     """Print from rank 0 only; works before the process group exists too."""
-    if ds_engine.launched_rank() == 0:
+    if dist.launched_rank() == 0:
         print(*args, **kwargs, flush=True)
 
 
 def fail(message, code=2):
     """One clear message (from rank 0) and a non-zero exit, on every rank."""
-    if ds_engine.launched_rank() == 0:
+    if dist.launched_rank() == 0:
         print(f"error: {message}".replace("\n", "\nerror: "), file=sys.stderr, flush=True)
     sys.exit(code)
 
@@ -71,14 +72,14 @@ def run_config_of(args, ds_config, model_config, world_size):
 def setup(args):
     """Validate every setting and the checkpoint to resume from before any process group exists, then
     join the process group."""
-    world_size = ds_engine.launched_world_size()
-    device_type = ds_engine.device_type()
+    world_size = dist.launched_world_size()
+    device_type = dist.device_type()
     try:
         for note in resolve_defaults(args, device_type):
             print0(note)
         if args.micro_batch == "auto":
             plan = resolve_auto_micro_batch(args, world_size, device_type)
-            if ds_engine.launched_rank() == 0:
+            if dist.launched_rank() == 0:
                 print(plan, flush=True)
         ds_config, model_config, grad_accum = validate(args, world_size)
         run_config = run_config_of(args, ds_config, model_config, world_size)
@@ -92,13 +93,13 @@ def setup(args):
         arch_note = hardware.fix_cuda_arch_list()  # every rank, before DeepSpeed JIT-builds FusedAdam
         if arch_note:
             print0(arch_note)
-    elif precision(ds_config) == "bf16" and ds_engine.launched_rank() == 0:
+    elif precision(ds_config) == "bf16" and dist.launched_rank() == 0:
         warning = hardware.cpu_bf16_warning()
         if warning:
             print(warning, file=sys.stderr, flush=True)
     if args.deterministic:
         hardware.make_deterministic(device_type)
-    device = ds_engine.setup_distributed(allow_cpu_fp16=args.cpu_fp16 and precision(ds_config) == "fp16")
+    device = dist.setup_distributed(allow_cpu_fp16=args.cpu_fp16 and precision(ds_config) == "fp16")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     return ds_config, model_config, grad_accum, device, run_config, resume_from, examples
 
@@ -111,7 +112,7 @@ def build(args, ds_config, model_config, grad_accum, device, run_config, example
     engine = ds_engine.initialize(model, args, ds_config, grad_accum)
     if args.compile:
         engine.compile()
-    rank, world_size = ds_engine.rank(), ds_engine.world_size()
+    rank, world_size = dist.rank(), dist.world_size()
     train_loader = ShuffledTokenLoader(find_shards(args.data, "train"), args.micro_batch, args.seq_len, rank,
                                        world_size, seed=args.seed, pin_memory=device.type == "cuda")
     val_set = ValidationSet(find_shards(args.data, "val"), args.seq_len, args.val_tokens // args.seq_len,
@@ -168,7 +169,7 @@ def train_step(run):
         _, loss = run.engine(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
         loss_sum += loss.detach()  # stays on device: one host sync per step, below
         if micro == run.grad_accum - 1:
-            mean_loss = ds_engine.mean_over_ranks(loss_sum).item() / run.grad_accum
+            mean_loss = dist.mean_over_ranks(loss_sum).item() / run.grad_accum
             if run.guard.check_loss(mean_loss):
                 if not run.guard_active:
                     raise StopTraining(f"loss {mean_loss} and this optimizer has no skip path (ZeRO 0)")
@@ -195,7 +196,7 @@ class StopRequest:
 
     def agreed(self, device):
         flag = torch.tensor(float(bool(self.requested)), device=device)
-        return ds_engine.mean_over_ranks(flag).item() > 0
+        return dist.mean_over_ranks(flag).item() > 0
 
 
 def save(args, run, step):

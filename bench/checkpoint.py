@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpt import checkpoint  # noqa: E402
+from gpt import dist as gpt_dist  # noqa: E402
 from gpt import engine as ds_engine  # noqa: E402
 from gpt.model import GPT, PRESETS  # noqa: E402
 
@@ -53,7 +54,7 @@ def main():
     args = parser.parse_args()
     out = Path(args.out_dir)
     shutil.rmtree(out, ignore_errors=True)
-    device = ds_engine.setup_distributed()
+    device = gpt_dist.setup_distributed()
     config = json.loads(Path(args.ds_config).read_text())
     run_args = Namespace(micro_batch=1, seq_len=64, total_batch_tokens=64, lr=6e-4, weight_decay=0.1,
                          warmup_steps=1, max_steps=10, min_lr_ratio=0.1)

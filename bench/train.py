@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 import train_ds  # noqa: E402
 from gpt.config import build_parser  # noqa: E402
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard  # noqa: E402
-from gpt.engine import device_type, free_port, lr_at, param_groups, return_freed_memory  # noqa: E402
+from gpt.dist import device_type, free_port, return_freed_memory  # noqa: E402
+from gpt.optim import lr_at, param_groups  # noqa: E402
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16  # noqa: E402
 from gpt.metrics import flops_per_token, measure_cpu_peak_flops, peak_flops  # noqa: E402
 from gpt.model import GPT  # noqa: E402
@@ -313,7 +314,7 @@ def zero_worker(args):
 
 
 def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):
-    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.engine's
+    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.dist's
     keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
     seconds = {"0": [], "1": []}
     for _ in range(rounds):

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from gpt.data import find_shards, load_shard, write_shard  # noqa: E402
-from gpt.engine import free_port  # noqa: E402
+from gpt.dist import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FP32_CONFIG = "ds_configs/zero2_fp32.json"

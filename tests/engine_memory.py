@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpt import dist as gpt_dist  # noqa: E402
 from gpt import engine as ds_engine  # noqa: E402
 from gpt.ds_config import precision  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
@@ -19,11 +20,11 @@ def main():
     argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
     config_path, stage, fp32 = argv[0], int(argv[1]), argv[2] == "fp32"
     config = json.loads(Path(config_path).read_text())
-    device = ds_engine.setup_distributed(allow_cpu_fp16="fp16" in config)
+    device = gpt_dist.setup_distributed(allow_cpu_fp16="fp16" in config)
     config["zero_optimization"]["stage"] = stage
     if fp32:
         config.pop("bf16", None), config.pop("data_types", None)
-    world = ds_engine.world_size()
+    world = gpt_dist.world_size()
     args = Namespace(micro_batch=2, seq_len=16, total_batch_tokens=32 * world, lr=1e-3, weight_decay=0.1,
                      warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
     torch.manual_seed(0)
@@ -36,7 +37,7 @@ def main():
         engine.backward(loss)
         engine.step()
     planned = resident_model_state_bytes(n_params, precision(config), stage, world, config)
-    print("ENGINE_MEMORY " + json.dumps({"rank": ds_engine.rank(), "optimizer": type(engine.optimizer).__name__,
+    print("ENGINE_MEMORY " + json.dumps({"rank": gpt_dist.rank(), "optimizer": type(engine.optimizer).__name__,
                                          "owned": engine_state_bytes(engine), "planned": planned}), flush=True)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY, train, train_losses, write_ds_config
 from gpt.data import ShuffledTokenLoader, find_shards
-from gpt.engine import lr_at, param_groups
+from gpt.optim import lr_at, param_groups
 from gpt.model import GPT, PRESETS
 
 STEPS, MICRO, SEQ, ACCUM, LR, WARMUP, SEED = 5, 4, 64, 2, 1e-3, 2, 1234

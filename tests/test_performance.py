@@ -21,7 +21,7 @@ def test_profile_writes_a_trace_per_rank_for_tensorboard(tmp_path, shakespeare_d
 RESIDENT_AFTER_FREE = """
 import sys, torch
 sys.path.insert(0, {repo!r})
-from gpt.engine import keep_freed_memory_in_heap
+from gpt.dist import keep_freed_memory_in_heap
 if {keep}:
     keep_freed_memory_in_heap()
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096

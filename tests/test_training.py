@@ -9,7 +9,7 @@ import pytest
 from pathlib import Path
 
 from conftest import HALF, SMALL_VOCAB, TINY, free_port, train, train_losses, write_ds_config
-from gpt.engine import lr_at
+from gpt.optim import lr_at
 
 FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
 

@@ -1,0 +1,23 @@
+"""The optimizer's inputs DeepSpeed does not provide in our form: the GPT-3 learning-rate schedule and
+the weight-decay parameter groups. Plain torch: bench/ and tests use them without DeepSpeed."""
+import math
+
+
+def lr_at(step, max_lr, warmup_steps, max_steps, min_lr_ratio):
+    """GPT-3 / llm.c schedule: linear warmup from max_lr/warmup_steps to max_lr, then cosine decay to
+    max_lr * min_lr_ratio at max_steps. (DeepSpeed's WarmupCosineLR starts warmup at 0 and shifts the
+    cosine by one step, so it is not this schedule.)"""
+    min_lr = max_lr * min_lr_ratio
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps or max_steps == warmup_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def param_groups(model, weight_decay):
+    """Weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
