@@ -16,7 +16,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
                                                #   d12 at 131k tokens/step, eager and compiled
     python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile (~15 min)
     python bench/train.py --only zero ckpt     # some sections
-    python bench/train.py --smoke              # every code path once, tiny model (tests/test_bench.py)
+    python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/test_bench.py)
     python bench/train.py --json bench.json    # also write the results as JSON
 """
 import argparse
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from deepspeed.accelerator import get_accelerator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -62,7 +63,7 @@ MODES = {
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
                  repeats=6, peak_max_size=4096, sections=SECTIONS),
-    # every code path once on the tiny model, for tests/test_bench.py: the figures mean nothing
+    # each default section's code path once on the tiny model, for tests/test_bench.py: the figures mean nothing
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
                   allocator=("tiny", 64, 4), compile=("tiny", 64, 4), repeats=1, peak_max_size=256,
                   sections=["overhead", "zero", "ckpt"]),
@@ -79,6 +80,8 @@ def usable_dtypes():
     if DEVICE == "cpu" and not cpu_has_fast_bf16():
         return ("fp32",), (f"bf16 rows skipped: this CPU has no bf16 units (a bf16 matmul takes "
                            f"{cpu_bf16_slowdown():.0f}x the time of fp32 here, measured)")
+    if DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 0):  # before Ampere bf16 is emulated
+        return ("fp32",), "bf16 rows skipped: this GPU has no bf16 units (compute capability < 8.0, e.g. a V100)"
     return ("fp32", "bf16"), None
 
 
@@ -116,13 +119,14 @@ def ds_config_file(directory, dtype, stage=1, checkpointing=False):
     return str(path)
 
 
-def trainer_args(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, extra=()):
+def trainer_args(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, compile=False):
+    # compile is always explicit: the trainer's default (None) would turn it on with CUDA, off on CPU
     return build_parser().parse_args([
         "--data", str(data), "--out_dir", str(out_dir), "--ds_config", ds_config, "--model", model,
         "--seq_len", str(seq_len), "--micro_batch", str(micro_batch),
         "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size),
         "--max_steps", "1000", "--warmup_steps", "10", "--val_every", "0", "--sample_every", "0",
-        "--val_tokens", str(seq_len), "--seed", "0", "--no-compile", *extra])  # extra may say --compile
+        "--val_tokens", str(seq_len), "--seed", "0", "--compile" if compile else "--no-compile"])
 
 
 @contextlib.contextmanager
@@ -164,7 +168,8 @@ class Trainer:
 
 class PlainPyTorch:
     """The baseline: the same model, initial weights, data and schedule in a textbook PyTorch loop on the
-    same device, with torch's fastest AdamW (fused), autocast for bf16 and optionally torch.compile."""
+    same device, with torch's fastest AdamW (fused), autocast for bf16 and optionally torch.compile. On a
+    GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process."""
 
     def __init__(self, args, model_config, dtype, compile=False):
         torch.manual_seed(args.seed)
@@ -201,16 +206,24 @@ class PlainPyTorch:
         return_freed_memory()
 
 
+def timed_step(stepper):
+    """Seconds of one step, all its device work included: a GPU runs kernels asynchronously, and the
+    trainer's one host sync (the loss .item()) comes before its last backward and optimizer step."""
+    get_accelerator().synchronize()  # a no-op on CPU
+    start = time.perf_counter()
+    stepper.step()
+    get_accelerator().synchronize()
+    return time.perf_counter() - start
+
+
 def interleaved_seconds(steppers, repeats, warmup=1):
-    """Median seconds per step of each stepper, their steps interleaved so drift hits all alike. Each
-    step ends in a loss .item(), so a GPU has finished the step when its timer stops."""
+    """Median seconds per step of each stepper, their steps interleaved so drift hits all alike."""
     times = [[] for _ in steppers]
     for i in range(warmup + repeats):
         for stepper, seconds in zip(steppers, times):
-            start = time.perf_counter()
-            stepper.step()
+            elapsed = timed_step(stepper)
             if i >= warmup:
-                seconds.append(time.perf_counter() - start)
+                seconds.append(elapsed)
     return [statistics.median(t) for t in times]
 
 
@@ -222,7 +235,7 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
             for compiled in compiles:
                 name = f"{model}_{dtype}{'_compiled' if compiled else ''}"
                 args = trainer_args(data, Path(tmp) / name, ds_config_file(tmp, dtype), model, seq_len, micro_batch,
-                                    accum, extra=["--compile"] if compiled else [])
+                                    accum, compile=compiled)
                 trainer = Trainer(args)
                 plain = PlainPyTorch(args, trainer.config, dtype, compile=compiled)
                 ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
@@ -261,11 +274,9 @@ def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
         eager, compiled = (Trainer(trainer_args(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
-                                                model, seq_len, micro_batch, 1, extra=["--compile"] if on else []))
+                                                model, seq_len, micro_batch, 1, compile=on))
                            for on in (False, True))
-        start = time.perf_counter()
-        compiled.step()  # compiles
-        first = time.perf_counter() - start
+        first = timed_step(compiled)  # compiles
         eager_s, compiled_s = interleaved_seconds([eager, compiled], repeats)
         rows.append(dict(model=model, dtype=dtype, first_step_s=first, eager_s=eager_s, compiled_s=compiled_s,
                          speedup=eager_s / compiled_s))
@@ -376,7 +387,7 @@ def print_row(row, columns):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="larger batches, more steps, allocator, compile")
-    parser.add_argument("--smoke", action="store_true", help="every code path once on the tiny model (for tests)")
+    parser.add_argument("--smoke", action="store_true", help="overhead, zero, ckpt once on the tiny model (for tests)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
