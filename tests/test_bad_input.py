@@ -70,6 +70,20 @@ def test_sequence_longer_than_block_size(run_main):
         2, "error: --seq_len 512 exceeds the model's block_size 256 (tiny)\n")
 
 
+def test_vocab_size_must_be_positive(run_main, shakespeare_dir):
+    train_shard = shakespeare_dir / "shakespeare_train_000001.bin"
+    assert run_main("--vocab_size", "0") == (
+        2, "error: --vocab_size must be positive (got 0)\n"
+           f"error: {train_shard}: token 50256 at position 0 is >= the vocabulary size 0\n")
+
+
+def test_a_vocabulary_smaller_than_the_data_or_hellaswag_needs(run_main, shakespeare_dir):
+    train_shard = shakespeare_dir / "shakespeare_train_000001.bin"
+    assert run_main("--vocab_size", "512", "--hellaswag", "val") == (
+        2, "error: --hellaswag needs GPT-2's vocabulary: --vocab_size 512 < 50257\n"
+           f"error: {train_shard}: token 50256 at position 0 is >= the vocabulary size 512\n")
+
+
 def test_missing_data_dir(run_main, tmp_path):
     missing = tmp_path / "missing"
     assert run_main(data=missing) == (
