@@ -21,7 +21,7 @@ from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
-from gpt.metrics import MetricsLogger, flops_per_token, peak_flops
+from gpt.metrics import MetricsLogger, peak_flops
 from gpt.model import GPT
 from gpt.profiling import step_profiler
 from gpt.tokenizer import gpt2_tokenizer
@@ -120,7 +120,6 @@ def build(args, ds_config, model_config, grad_accum, device, run_config, example
     guard = SpikeGuard(args.skip_loss_z, args.skip_grad_z, max_bad_steps=args.max_bad_steps,
                        fp16=precision(ds_config) == "fp16")
     guard_active = install_grad_norm_hook(engine, guard)
-    n_params = model.num_params() - model.transformer.wpe.weight.numel()  # wpe is a lookup, not a matmul
     peak, peak_label = peak_flops(device.type, precision(ds_config))
     logger = MetricsLogger(args.out_dir, enabled=rank == 0)
     print0(f"model {args.model}: {model.num_params() / 1e6:.2f}M parameters, {model_config}")
@@ -131,7 +130,7 @@ def build(args, ds_config, model_config, grad_accum, device, run_config, example
     print0(f"data {args.data}: {len(train_loader.shards)} train shard(s), {sum(train_loader.batches_per_shard):,} "
            f"batches/epoch per rank; validation on {len(val_set)} sequences of {args.seq_len} tokens")
     return Run(engine, model, train_loader, val_set, logger, guard, guard_active, device, world_size, grad_accum,
-               flops_per_token(model_config, n_params, args.seq_len) * args.total_batch_tokens, peak, run_config,
+               model.flops_per_token(args.seq_len) * args.total_batch_tokens, peak, run_config,
                examples)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt.metrics import GPU_PEAK_FLOPS, flops_per_token  # noqa: E402
+from gpt.metrics import GPU_PEAK_FLOPS  # noqa: E402
 from gpt.model import GPT, PRESETS  # noqa: E402
 
 # (GPU, dtype, assumed MFU low and high)
@@ -25,7 +25,7 @@ SEQ_LEN, GPU_COUNT, TOKENS = 1024, 8, 10e9  # the FineWeb-edu 10B sample, one ep
 def d12_flops_per_token():
     with torch.device("meta"):  # shapes only: no weights allocated
         model = GPT(PRESETS["d12"])
-    return flops_per_token(PRESETS["d12"], model.num_params() - model.transformer.wpe.weight.numel(), SEQ_LEN)
+    return model.flops_per_token(SEQ_LEN)
 
 
 def main():

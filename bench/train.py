@@ -45,7 +45,7 @@ from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard  
 from gpt.dist import device_type, free_port, return_freed_memory  # noqa: E402
 from gpt.optim import lr_at, param_groups  # noqa: E402
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16  # noqa: E402
-from gpt.metrics import flops_per_token, measure_cpu_peak_flops, peak_flops  # noqa: E402
+from gpt.metrics import measure_cpu_peak_flops, peak_flops  # noqa: E402
 from gpt.model import GPT  # noqa: E402
 from gpt.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes  # noqa: E402
 
@@ -239,8 +239,7 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
                 trainer = Trainer(args)
                 plain = PlainPyTorch(args, trainer.config, dtype, compile=compiled)
                 ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
-                n_params = trainer.run.model.num_params() - trainer.run.model.transformer.wpe.weight.numel()
-                flops = flops_per_token(trainer.config, n_params, seq_len) * args.total_batch_tokens
+                flops = trainer.run.model.flops_per_token(seq_len) * args.total_batch_tokens
                 mfu = (lambda seconds: flops / seconds / peaks[dtype]) if peaks[dtype] else (lambda seconds: None)
                 rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=args.total_batch_tokens,
                                  plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,

@@ -17,12 +17,6 @@ GPU_PEAK_FLOPS = {
 }
 
 
-def flops_per_token(model_config, num_params, seq_len):
-    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus attention's
-    6 * 2 * n_layer * n_embd * seq_len (PaLM appendix B; causal masking not discounted)."""
-    return 6 * num_params + 12 * model_config.n_layer * model_config.n_embd * seq_len
-
-
 def measure_cpu_peak_flops(dtype, max_size=2048, repeats=4, budget_s=1.0):
     """This CPU's matmul peak in the training dtype, the roofline MFU is measured against: the best
     throughput over square matmuls of doubling sizes (small ones under-use AMX/AVX-512 units). A size is

@@ -117,6 +117,13 @@ class GPT(nn.Module):
             n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
         return n
 
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token: 6N for the weight matmuls (forward + backward; N counts every
+        parameter but wpe, a lookup, while wte is also the lm_head matmul) plus attention's
+        6 * 2 * n_layer * n_embd * seq_len (PaLM appendix B; causal masking not discounted)."""
+        matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
+        return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * seq_len
+
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean fp32 loss."""
         B, T = idx.shape
