@@ -47,7 +47,8 @@ from gpt.optim import lr_at, param_groups  # noqa: E402
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16  # noqa: E402
 from gpt.metrics import measure_cpu_peak_flops, peak_flops  # noqa: E402
 from gpt.model import GPT  # noqa: E402
-from gpt.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes  # noqa: E402
+from gpt.memory import engine_state_bytes, measure_activation_bytes  # noqa: E402
+from gpt.plan import resident_model_state_bytes  # noqa: E402
 
 DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

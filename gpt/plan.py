@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from gpt import ds_config as dsc
+from gpt.memory import measure_activation_bytes
 from gpt.model import GPT, PRESETS, GPTConfig
 
 GiB = 2**30
@@ -93,35 +94,7 @@ def bucket_bytes(ds_config, precision, stage):
     return reduce + float(zero.get("allgather_bucket_size", 5e8)) * e
 
 
-def zero_paper_model_states(n_params, stage, world_size):
-    """The ZeRO paper's accounting (Rajbhandari et al. 2020, fig. 1): mixed-precision Adam, K = 12."""
-    psi, n = n_params, world_size
-    return {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}[stage]
-
-
 # -- activations -----------------------------------------------------------------------------------
-def measure_activation_bytes(config, batch, seq_len, precision, checkpointing):
-    """Bytes autograd saves for backward in one forward of the real model (parameters excluded), as
-    DeepSpeed runs it: the whole model cast to the half dtype, loss in fp32."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    model = GPT(config).to(dtype)
-    if checkpointing:
-        model.checkpoint_fn = lambda fn, *args: torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    x = torch.randint(0, config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(x, x)
-    return sum(saved.values())
-
-
 def _features(n_layer, n_head, n_embd, vocab):
     return [n_layer * n_embd, n_layer * n_head, n_embd, vocab, 1.0]
 
@@ -209,36 +182,6 @@ def resident_model_state_bytes(n_params, precision, stage, world_size, ds_config
     bf16_optimizer = precision == "bf16" and stage == 1 and "fp32_gradients" not in parts
     resident = ["parameters", "master_weights", "optimizer_states"] + (["gradients"] if bf16_optimizer else [])
     return sum(parts.get(name, 0) for name in resident)
-
-
-def engine_state_bytes(engine):
-    """Model-state bytes a DeepSpeed engine really holds: the storages reachable from the module's
-    parameters (and grads) and the optimizer's attributes, each counted once."""
-    seen = {}
-
-    def walk(obj, depth=0):
-        if depth > 8:
-            return
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if storage.data_ptr():
-                seen[storage.data_ptr()] = storage.nbytes()
-            if obj.is_leaf and obj.grad is not None:
-                walk(obj.grad, depth + 1)
-        elif isinstance(obj, dict):
-            for value in obj.values():
-                walk(value, depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for value in obj:
-                walk(value, depth + 1)
-        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
-            for value in vars(obj).values():
-                walk(value, depth + 1)
-
-    for parameter in engine.module.parameters():
-        walk(parameter)
-    walk(engine.optimizer)
-    return sum(seen.values())
 
 
 def device_memory_bytes(device_type):

@@ -13,7 +13,8 @@ from gpt import dist as gpt_dist  # noqa: E402
 from gpt import engine as ds_engine  # noqa: E402
 from gpt.ds_config import precision  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
-from gpt.plan import engine_state_bytes, resident_model_state_bytes  # noqa: E402
+from gpt.memory import engine_state_bytes  # noqa: E402
+from gpt.plan import resident_model_state_bytes  # noqa: E402
 
 
 def main():

@@ -11,8 +11,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from conftest import REPO, free_port
 from gpt.model import GPTConfig
-from gpt.plan import (GiB, MODEL_STATE_PARTS, PlanError, make_plan, measure_activation_bytes, model_state_bytes,
-                      saved_activation_bytes, zero_paper_model_states)
+from gpt.memory import measure_activation_bytes
+from gpt.plan import GiB, MODEL_STATE_PARTS, PlanError, make_plan, model_state_bytes, saved_activation_bytes
 from gpt.ds_config import load as load_ds_config
 
 
@@ -23,6 +23,12 @@ def test_zero2_model_states_equal_deepspeeds_estimator(world_size):
     planned = sum(v for k, v in parts.items() if k != "buckets")
     _, deepspeed_gpu_bytes = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=world_size, cpu_offload=False)
     assert int(planned) == deepspeed_gpu_bytes  # 2 psi + 18 psi / N
+
+
+def zero_paper_model_states(n_params, stage, world_size):
+    """The ZeRO paper's accounting (Rajbhandari et al. 2020, fig. 1): mixed-precision Adam, K = 12."""
+    psi, n = n_params, world_size
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}[stage]
 
 
 def test_zero_paper_example_7_5b_on_64_gpus():
