@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gpt.model import GPTConfig
+
 CHECKPOINTS = "checkpoints"
 COMPLETE = "complete.json"
 RUN_CONFIG = "run_config.json"
@@ -160,3 +162,24 @@ def load(engine, path, load_optimizer_states=True):
     if load_optimizer_states and rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return client_state
+
+
+def read_weights(path):
+    """(fp32 state dict, GPTConfig) of a checkpoint (or the newest under a checkpoints/ directory): the
+    optimizer's fp32 master weights via DeepSpeed's zero_to_fp32 reader where it can read them (ZeRO 1/2),
+    else the module's weights."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    path = find_checkpoint(str(path), None)
+    run = read_run_config(path)
+    config = GPTConfig(**run["model"])
+    state = None
+    if run["zero_stage"] > 0:
+        try:
+            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+        except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
+            state = None
+    if state is None:  # the module's own weights (16-bit in half-precision runs)
+        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+    return {k: v.float() for k, v in state.items()}, config

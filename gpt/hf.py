@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from gpt.checkpoint import read_weights
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -24,12 +25,18 @@ class InteropError(ValueError):
 
 
 def hf_config(config):
+    """Our GPTConfig -> HF's config.json (GPT-2's vocabulary: the padding rows are not exported)."""
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": GPT2_VOCAB_SIZE,
             "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
             "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 50256,
             "eos_token_id": 50256, "tie_word_embeddings": True}
+
+
+def config_from_hf(hf):
+    """HF's config.json (read_hf_config) -> our GPTConfig, vocabulary padded as ours is."""
+    return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], block_size=hf["n_positions"])
 
 
 def to_hf(state_dict):
@@ -103,34 +110,10 @@ def load_hf_weights(directory, config):
     return state
 
 
-def checkpoint_weights(path):
-    """(fp32 state dict, GPTConfig) of one of our checkpoints: the optimizer's fp32 master weights via
-    DeepSpeed's zero_to_fp32 reader where it can read them (ZeRO 1/2), else the module's weights."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from gpt.checkpoint import CheckpointError, find_checkpoint, read_run_config
-    path = find_checkpoint(str(path), None)
-    try:
-        run = read_run_config(path)
-    except CheckpointError as e:
-        raise InteropError(str(e)) from None
-    config = GPTConfig(**run["model"])
-    state = None
-    if run["zero_stage"] > 0:
-        try:
-            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
-        except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
-            state = None
-    if state is None:  # the module's own weights (16-bit in half-precision runs)
-        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-    state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-    return {k: v.float() for k, v in state.items()}, config
-
-
 def export(checkpoint_path, out_dir):
     from safetensors.torch import save_file
 
-    state, config = checkpoint_weights(checkpoint_path)
+    state, config = read_weights(checkpoint_path)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(to_hf(state), out_dir / "model.safetensors", metadata={"format": "pt"})

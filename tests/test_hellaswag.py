@@ -119,14 +119,14 @@ def test_in_training_two_ranks_equal_one_and_compile_equals_eager(tmp_path, shak
 def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag_files):
     train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
     checkpoint = str(tmp_path / "run" / "checkpoints")
-    proc = subprocess.run([sys.executable, "-m", "gpt.standalone_cli", "eval", "--checkpoint", checkpoint,
+    proc = subprocess.run([sys.executable, "-m", "gpt.cli", "eval", "--checkpoint", checkpoint,
                            "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "2048",
                            "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"],
                           cwd=REPO, capture_output=True, text=True, check=True)
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert 9 < results["val_loss"] < 11 and results["hellaswag_examples"] == 10
     assert 0 <= results["hellaswag_acc_norm"] <= 1 and results["hellaswag_examples_per_s"] > 0
-    sample = [sys.executable, "-m", "gpt.standalone_cli", "sample", "--checkpoint", checkpoint, "--prompt", "To be",
+    sample = [sys.executable, "-m", "gpt.cli", "sample", "--checkpoint", checkpoint, "--prompt", "To be",
               "--max_new_tokens", "8", "--num_samples", "2", "--seed", "7"]
     first, second = (subprocess.run(sample, cwd=REPO, capture_output=True, text=True, check=True).stdout
                      .split("--- sample 0", 1)[1] for _ in range(2))  # past DeepSpeed's timestamped import warning

@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from conftest import TINY, train
+from gpt.checkpoint import read_weights
 from gpt.hf import InteropError, export, load_hf_weights
 from gpt.model import GPT, PRESETS
 
@@ -25,10 +26,9 @@ def our_model(state):
 
 
 def test_export_loads_in_transformers_with_the_same_logits(trained_checkpoint, tmp_path):
-    from gpt.hf import checkpoint_weights
     export(trained_checkpoint, tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    state, config = checkpoint_weights(trained_checkpoint)
+    state, config = read_weights(trained_checkpoint)
     x = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, _ = our_model(state)(x)
@@ -40,10 +40,9 @@ def test_export_loads_in_transformers_with_the_same_logits(trained_checkpoint, t
 
 
 def test_import_round_trips_and_matches_transformers(trained_checkpoint, tmp_path):
-    from gpt.hf import checkpoint_weights
     export(trained_checkpoint, tmp_path / "hf")
     imported = load_hf_weights(tmp_path / "hf", PRESETS["tiny"])
-    state, _ = checkpoint_weights(trained_checkpoint)
+    state, _ = read_weights(trained_checkpoint)
     for name, tensor in state.items():
         expected = tensor.clone()
         if name in ("transformer.wte.weight", "lm_head.weight"):

@@ -1,8 +1,10 @@
-"""Evaluate and sample outside training, from one of our checkpoints or a Hugging Face GPT-2 directory.
+"""The gpt-eval and gpt-sample commands: evaluate and sample outside training, from one of our
+checkpoints or a Hugging Face GPT-2 directory.
 
     gpt-eval --checkpoint runs/dsgpt/checkpoints --data data/fineweb10B --hellaswag hellaswag_val.jsonl --json
     gpt-eval --hf gpt2-dir --hellaswag val                      # OpenAI's GPT-2 124M: acc_norm 0.2955
     gpt-sample --checkpoint runs/dsgpt/checkpoints --prompt "Hello, I'm a language model," --num_samples 4
+    python -m gpt.cli eval|sample ...                          # the same without installing
 """
 import argparse
 import json
@@ -14,19 +16,18 @@ import torch
 from gpt import hellaswag
 from gpt.data import DataError, ValidationSet, find_shards
 from gpt.evaluate import sample, validation_loss
-from gpt.hf import InteropError, checkpoint_weights, load_hf_weights, read_hf_config
-from gpt.model import GPT, GPTConfig
-from gpt.checkpoint import CheckpointError
+from gpt.checkpoint import CheckpointError, read_weights
+from gpt.hf import InteropError, config_from_hf, load_hf_weights, read_hf_config
+from gpt.model import GPT
 from gpt.tokenizer import gpt2_tokenizer
 
 
 def load_model(args):
     """(GPT in eval mode, its config) from --checkpoint or --hf."""
     if args.checkpoint:
-        state, config = checkpoint_weights(args.checkpoint)
+        state, config = read_weights(args.checkpoint)
     else:
-        hf = read_hf_config(args.hf)
-        config = GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], block_size=hf["n_positions"])
+        config = config_from_hf(read_hf_config(args.hf))
         state = load_hf_weights(args.hf, config)
     model = GPT(config)
     model.load_state_dict(state)
@@ -95,3 +96,10 @@ def sample_main(argv=None):
         tokens = sample(model, tokenizer.encode_ordinary(args.prompt), args.max_new_tokens, generator,
                         torch.device("cpu"), args.temperature, args.top_k)
         print(f"--- sample {i}\n{tokenizer.decode(tokens)}")
+
+
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command not in ("eval", "sample"):
+        sys.exit("usage: python -m gpt.cli eval|sample [options]")
+    (evaluate_main if command == "eval" else sample_main)(sys.argv[2:])
