@@ -23,6 +23,7 @@ from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
 from gpt.metrics import MetricsLogger, peak_flops
 from gpt.model import GPT
+from gpt.optim import OptimizerSettings
 from gpt.profiling import step_profiler
 from gpt.tokenizer import gpt2_tokenizer
 
@@ -109,7 +110,8 @@ def build(args, ds_config, model_config, grad_accum, device, run_config, example
     if args.init_from:
         model.load_state_dict(load_hf_weights(args.init_from, model_config))
         print0(f"initial weights from {args.init_from}")
-    engine = ds_engine.initialize(model, args, ds_config, grad_accum)
+    optimizer = OptimizerSettings(args.lr, args.weight_decay, args.warmup_steps, args.max_steps, args.min_lr_ratio)
+    engine = ds_engine.initialize(model, ds_config, args.micro_batch, grad_accum, optimizer)
     if args.compile:
         engine.compile()
     rank, world_size = dist.rank(), dist.world_size()

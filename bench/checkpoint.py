@@ -10,19 +10,17 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt import checkpoint  # noqa: E402
-from gpt import dist as gpt_dist  # noqa: E402
-from gpt import engine as ds_engine  # noqa: E402
-from gpt.model import GPT, PRESETS  # noqa: E402
+from gpt import checkpoint
+from gpt import dist as gpt_dist
+from gpt import engine as ds_engine
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.optim import OptimizerSettings
 
 REPEATS = 3
 
@@ -56,11 +54,10 @@ def main():
     shutil.rmtree(out, ignore_errors=True)
     device = gpt_dist.setup_distributed()
     config = json.loads(Path(args.ds_config).read_text())
-    run_args = Namespace(micro_batch=1, seq_len=64, total_batch_tokens=64, lr=6e-4, weight_decay=0.1,
-                         warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
     torch.manual_seed(0)
-    engine = ds_engine.initialize(GPT(PRESETS[args.model]), run_args, config, grad_accum=1)
-    x = torch.randint(0, 50257, (1, 64), device=device)
+    optimizer = OptimizerSettings(lr=6e-4, weight_decay=0.1, warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
+    engine = ds_engine.initialize(GPT(PRESETS[args.model]), config, micro_batch=1, grad_accum=1, optimizer=optimizer)
+    x = torch.randint(0, GPT2_VOCAB_SIZE, (1, 64), device=device)
     _, loss = engine(x, x)  # one step, so that the optimizer states exist
     engine.backward(loss)
     engine.step()

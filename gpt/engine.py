@@ -6,23 +6,25 @@ import deepspeed
 import torch
 from deepspeed.runtime import bf16_optimizer
 
+from gpt import dist
 from gpt import ds_config as dsc
-from gpt.optim import lr_at, param_groups
+from gpt.optim import param_groups
 
 
-def initialize(model, args, ds_config, grad_accum):
-    """The DeepSpeed engine around model; with an `activation_checkpointing` block in the JSON, every
-    transformer block is recomputed in backward through DeepSpeed's checkpoint API."""
-    config = dsc.fill(ds_config, args.micro_batch, grad_accum, args.total_batch_tokens // args.seq_len, args.lr,
-                      args.weight_decay)
+def initialize(model, ds_config, micro_batch, grad_accum, optimizer):
+    """The DeepSpeed engine around model, in the process group that exists (gpt.dist), with AdamW and the
+    schedule from `optimizer` (gpt.optim.OptimizerSettings). With an `activation_checkpointing` block in
+    the JSON, every transformer block is recomputed in backward through DeepSpeed's checkpoint API."""
+    config = dsc.fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * dist.world_size(), optimizer.lr,
+                      optimizer.weight_decay)
     if dsc.uses_activation_checkpointing(config):
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
         model.checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
-    schedule = lambda step: lr_at(step, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr
     with no_memory_dumps():
         engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=param_groups(model, args.weight_decay), config=config,
-            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule))
+            model=model, model_parameters=param_groups(model, optimizer.weight_decay), config=config,
+            lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer,
+                                                                                    optimizer.lr_factor))
     return engine
 
 

@@ -1,6 +1,21 @@
 """The optimizer's inputs DeepSpeed does not provide in our form: the GPT-3 learning-rate schedule and
 the weight-decay parameter groups. Plain torch: bench/ and tests use them without DeepSpeed."""
 import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What the run decides about AdamW and its schedule (betas, eps and clipping are in the JSON)."""
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    max_steps: int
+    min_lr_ratio: float
+
+    def lr_factor(self, step):
+        """The schedule as a multiplier of lr (LambdaLR's form)."""
+        return lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio) / self.lr
 
 
 def lr_at(step, max_lr, warmup_steps, max_steps, min_lr_ratio):

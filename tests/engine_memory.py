@@ -3,18 +3,17 @@
 storage, next to the planner's resident model states for the same setting."""
 import json
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt import dist as gpt_dist  # noqa: E402
-from gpt import engine as ds_engine  # noqa: E402
-from gpt.ds_config import precision  # noqa: E402
-from gpt.model import GPT, GPTConfig  # noqa: E402
-from gpt.memory import engine_state_bytes  # noqa: E402
-from gpt.plan import resident_model_state_bytes  # noqa: E402
+from gpt import dist as gpt_dist
+from gpt import engine as ds_engine
+from gpt.ds_config import precision
+from gpt.model import GPT, GPTConfig
+from gpt.memory import engine_state_bytes
+from gpt.optim import OptimizerSettings
+from gpt.plan import resident_model_state_bytes
 
 
 def main():
@@ -26,12 +25,11 @@ def main():
     if fp32:
         config.pop("bf16", None), config.pop("data_types", None)
     world = gpt_dist.world_size()
-    args = Namespace(micro_batch=2, seq_len=16, total_batch_tokens=32 * world, lr=1e-3, weight_decay=0.1,
-                     warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=1024))
     n_params = model.num_params()
-    engine = ds_engine.initialize(model, args, config, grad_accum=1)
+    optimizer = OptimizerSettings(lr=1e-3, weight_decay=0.1, warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
+    engine = ds_engine.initialize(model, config, micro_batch=2, grad_accum=1, optimizer=optimizer)
     for _ in range(2):
         x = torch.randint(0, 1024, (2, 16), device=device)
         _, loss = engine(x, x)

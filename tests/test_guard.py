@@ -2,7 +2,6 @@
 in process), and the guard's bookkeeping."""
 import json
 import math
-from argparse import Namespace
 
 import pytest
 import torch
@@ -12,10 +11,10 @@ from gpt import dist as gpt_dist
 from gpt import engine as ds_engine
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.model import GPT, GPTConfig
+from gpt.optim import OptimizerSettings
 
 MODEL = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)
-ARGS = Namespace(micro_batch=2, seq_len=16, total_batch_tokens=32, lr=1e-3, weight_decay=0.1, warmup_steps=1,
-                 max_steps=100, min_lr_ratio=0.1)
+OPTIMIZER = OptimizerSettings(lr=1e-3, weight_decay=0.1, warmup_steps=1, max_steps=100, min_lr_ratio=0.1)
 
 
 def build_engine(config_name, fp32=False):
@@ -26,7 +25,7 @@ def build_engine(config_name, fp32=False):
         gpt_dist.enable_cpu_fp16()
         config["fp16"]["initial_scale_power"] = 6  # so that the 20x spike below is an outlier, not an overflow
     torch.manual_seed(0)
-    return ds_engine.initialize(GPT(MODEL), ARGS, config, grad_accum=1)
+    return ds_engine.initialize(GPT(MODEL), config, micro_batch=2, grad_accum=1, optimizer=OPTIMIZER)
 
 
 def step(engine, guard, scale=1.0):
