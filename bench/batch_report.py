@@ -7,20 +7,19 @@ Planned, not measured: model states are exact for DeepSpeed 0.19 (tests/test_pla
 from a fit measured on CPU; the context reserve and allocator margin are estimates.
 """
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt.ds_config import load as load_ds_config  # noqa: E402
-from gpt.model import PRESETS  # noqa: E402
-from gpt.plan import GPUS, PlanError, make_plan  # noqa: E402
+from gpt.ds_config import load as load_ds_config
+from gpt.config import GPT3_TOKENS_PER_STEP
+from gpt.model import PRESETS
+from gpt.plan import GPUS, PlanError, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = [("d12", "124M"), ("d24", "350M"), ("d36", "774M"), ("d48", "1.5B")]
 SETUPS = [("V100-32GB", "v100-32gb", "fp16"), ("A800/H800-80GB", "a800-80gb", "bf16")]
 
 
-def rows(world_size=8, seq_len=1024, total_batch_tokens=524288):
+def rows(world_size=8, seq_len=1024, total_batch_tokens=GPT3_TOKENS_PER_STEP):
     for model, size in MODELS:
         for gpu_label, gpu, precision in SETUPS:
             for stage in (1, 2):

@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt.data import ShuffledTokenLoader, find_shards, write_shard  # noqa: E402
-from gpt.model import GPT, PRESETS  # noqa: E402
-from gpt.prepare import Corpus, prepare, shakespeare_documents  # noqa: E402
-from gpt.tokenizer import gpt2_tokenizer  # noqa: E402
+from gpt.data import ShuffledTokenLoader, find_shards, write_shard
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.prepare import Corpus, prepare, shakespeare_documents
+from gpt.tokenizer import gpt2_tokenizer
 
 
 def best_of(repeats, fn):
@@ -50,7 +49,7 @@ def bench_prepare(documents, work):
 def make_shards(directory, shards, tokens_per_shard):
     rng = np.random.default_rng(0)
     for i in range(shards):
-        write_shard(Path(directory) / f"b_train_{i + 1:06d}.bin", rng.integers(0, 50257, tokens_per_shard))
+        write_shard(Path(directory) / f"b_train_{i + 1:06d}.bin", rng.integers(0, GPT2_VOCAB_SIZE, tokens_per_shard))
     return find_shards(directory, "train")
 
 
@@ -64,7 +63,7 @@ def bench_loader(work, micro_batch=8, seq_len=1024):
     torch.manual_seed(0)
     model = GPT(PRESETS["tiny"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randint(0, 50257, (micro_batch, PRESETS["tiny"].block_size))
+    x = torch.randint(0, GPT2_VOCAB_SIZE, (micro_batch, PRESETS["tiny"].block_size))
 
     def train_step():
         _, loss = model(x, x)

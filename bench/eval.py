@@ -5,21 +5,18 @@ downloaded here), batched as in training, in fp32 and bf16.
     python bench/eval.py --model d12 --examples 64
 """
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt.hellaswag import Example, evaluate  # noqa: E402
-from gpt.model import GPT, PRESETS  # noqa: E402
+from gpt.hellaswag import Example, evaluate
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
 
 def synthetic_examples(count, seed=0):
     rng = np.random.default_rng(seed)
-    draw = lambda n: tuple(int(t) for t in rng.integers(0, 50257, n))
+    draw = lambda n: tuple(int(t) for t in rng.integers(0, GPT2_VOCAB_SIZE, n))
     return [Example(draw(rng.integers(30, 60)), tuple(draw(rng.integers(12, 32)) for _ in range(4)), int(rng.integers(4)))
             for _ in range(count)]
 

@@ -8,14 +8,11 @@ tensor cores and H100's much higher peak are harder to keep fed from PyTorch, so
 
     python bench/gpu_estimate.py
 """
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpt.metrics import GPU_PEAK_FLOPS  # noqa: E402
-from gpt.model import GPT, PRESETS  # noqa: E402
+from gpt.metrics import GPU_PEAK_FLOPS
+from gpt.model import GPT, PRESETS
 
 # (GPU, dtype, assumed MFU low and high)
 GPUS = [("V100", "fp16", (0.3, 0.4)), ("A100", "bf16", (0.4, 0.6)), ("H100", "bf16", (0.35, 0.5))]

@@ -1,7 +1,7 @@
 """Training speed and memory on this machine, CPU or GPU (DeepSpeed's accelerator). Every figure is a
 ratio against a baseline measured in the same run, steps interleaved (machines are noisy):
 
-  overhead  the trainer's step (train_ds.train_step + log_step, DeepSpeed engine) / a plain PyTorch
+  overhead  the trainer's step (gpt.trainer.optimizer_step, DeepSpeed engine) / a plain PyTorch
             AdamW step: same model, initial weights, data and dtype, 1 process; on a GPU also both
             under torch.compile
   mfu       model FLOP/s (6N + attention, per token) / the peak: on CPU this CPU's matmul peak, measured
@@ -37,18 +37,18 @@ import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
+import gpt.trainer
+from gpt.config import parse
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-import train_ds  # noqa: E402
-from gpt.config import build_parser  # noqa: E402
-from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard  # noqa: E402
-from gpt.dist import device_type, free_port, return_freed_memory  # noqa: E402
-from gpt.optim import lr_at, param_groups  # noqa: E402
-from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16  # noqa: E402
-from gpt.metrics import measure_cpu_peak_flops, peak_flops  # noqa: E402
-from gpt.model import GPT  # noqa: E402
-from gpt.memory import engine_state_bytes, measure_activation_bytes  # noqa: E402
-from gpt.plan import resident_model_state_bytes  # noqa: E402
+from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard
+from gpt.dist import device_type, free_port, return_freed_memory
+from gpt.optim import param_groups
+from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
+from gpt.metrics import measure_cpu_peak_flops, peak_flops
+from gpt.model import GPT, GPT2_VOCAB_SIZE
+from gpt.memory import engine_state_bytes, measure_activation_bytes
+from gpt.plan import resident_model_state_bytes
 
 DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -98,7 +98,7 @@ def synthetic_shards(directory, tokens=1 << 21, seed=0):
     """Random GPT-2 token ids in llm.c shards: speed does not depend on what the tokens say."""
     rng = np.random.default_rng(seed)
     for split, index in (("val", 0), ("train", 1)):
-        write_shard(Path(directory) / shard_name("synthetic", split, index), rng.integers(0, 50257, tokens))
+        write_shard(Path(directory) / shard_name("synthetic", split, index), rng.integers(0, GPT2_VOCAB_SIZE, tokens))
     return directory
 
 
@@ -120,9 +120,9 @@ def ds_config_file(directory, dtype, stage=1, checkpointing=False):
     return str(path)
 
 
-def trainer_args(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, compile=False):
+def trainer_settings(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, compile=False):
     # compile is always explicit: the trainer's default (None) would turn it on with CUDA, off on CPU
-    return build_parser().parse_args([
+    return parse([
         "--data", str(data), "--out_dir", str(out_dir), "--ds_config", ds_config, "--model", model,
         "--seq_len", str(seq_len), "--micro_batch", str(micro_batch),
         "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size),
@@ -142,20 +142,17 @@ def quiet():
 
 
 class Trainer:
-    """The real trainer (train_ds.setup/build), one step at a time."""
+    """The real trainer (gpt.trainer's setup and build), one optimizer_step at a time."""
 
-    def __init__(self, args):
+    def __init__(self, settings):
         with quiet():
-            ds_config, model_config, grad_accum, device, run_config, _, examples = train_ds.setup(args)
-            self.run = train_ds.build(args, ds_config, model_config, grad_accum, device, run_config, examples)
-        self.args, self.step_index = args, 0
-        self.config = model_config
+            self.run = gpt.trainer.build(gpt.trainer.setup(settings))
+        self.settings, self.step_index = self.run.settings, 0
+        self.config = self.run.model.config
 
     def step(self):
         with quiet():
-            lr, start = self.run.engine.get_lr()[0], time.perf_counter()
-            loss, skipped = train_ds.train_step(self.run)
-            train_ds.log_step(self.args, self.run, self.step_index, lr, loss, skipped, time.perf_counter() - start)
+            loss = gpt.trainer.optimizer_step(self.run, self.step_index)
         self.step_index += 1
         return loss
 
@@ -172,18 +169,17 @@ class PlainPyTorch:
     same device, with torch's fastest AdamW (fused), autocast for bf16 and optionally torch.compile. On a
     GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process."""
 
-    def __init__(self, args, model_config, dtype, compile=False):
-        torch.manual_seed(args.seed)
+    def __init__(self, settings, model_config, dtype, compile=False):
+        torch.manual_seed(settings.seed)
         self.device = torch.device(DEVICE)
         self.model = GPT(model_config).to(self.device)
         self.forward = torch.compile(self.model) if compile else self.model
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95),
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95),
                                            eps=1e-8, fused=True)
-        schedule = lambda s: lr_at(s, args.lr, args.warmup_steps, args.max_steps, args.min_lr_ratio) / args.lr
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.loader = ShuffledTokenLoader(find_shards(args.data, "train"), args.micro_batch, args.seq_len, seed=args.seed,
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, settings.optimizer.lr_factor)
+        self.loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len, seed=settings.seed,
                                           pin_memory=DEVICE == "cuda")
-        self.accum = args.total_batch_tokens // (args.micro_batch * args.seq_len)
+        self.accum = settings.total_batch_tokens // (settings.micro_batch * settings.seq_len)
         self.autocast = dtype == "bf16"
 
     def step(self):
@@ -235,18 +231,18 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
         for dtype in dtypes:
             for compiled in compiles:
                 name = f"{model}_{dtype}{'_compiled' if compiled else ''}"
-                args = trainer_args(data, Path(tmp) / name, ds_config_file(tmp, dtype), model, seq_len, micro_batch,
-                                    accum, compile=compiled)
-                trainer = Trainer(args)
-                plain = PlainPyTorch(args, trainer.config, dtype, compile=compiled)
+                settings = trainer_settings(data, Path(tmp) / name, ds_config_file(tmp, dtype), model, seq_len,
+                                            micro_batch, accum, compile=compiled)
+                trainer = Trainer(settings)
+                plain = PlainPyTorch(settings, trainer.config, dtype, compile=compiled)
                 ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
-                flops = trainer.run.model.flops_per_token(seq_len) * args.total_batch_tokens
+                flops = trainer.run.model.flops_per_token(seq_len) * settings.total_batch_tokens
                 mfu = (lambda seconds: flops / seconds / peaks[dtype]) if peaks[dtype] else (lambda seconds: None)
-                rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=args.total_batch_tokens,
+                rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=settings.total_batch_tokens,
                                  plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,
                                  tflops=flops / ds_seconds / 1e12, mfu=mfu(ds_seconds), plain_mfu=mfu(plain_seconds),
-                                 tokens_per_s=args.total_batch_tokens / ds_seconds,
-                                 plain_tokens_per_s=args.total_batch_tokens / plain_seconds))
+                                 tokens_per_s=settings.total_batch_tokens / ds_seconds,
+                                 plain_tokens_per_s=settings.total_batch_tokens / plain_seconds))
                 trainer.close()
                 plain.close()
                 print_row(rows[-1], OVERHEAD_COLUMNS)
@@ -256,7 +252,7 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
 def measure_checkpointing(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
-        trainers = [Trainer(trainer_args(data, Path(tmp) / f"ckpt_{dtype}_{on}", ds_config_file(tmp, dtype, checkpointing=on),
+        trainers = [Trainer(trainer_settings(data, Path(tmp) / f"ckpt_{dtype}_{on}", ds_config_file(tmp, dtype, checkpointing=on),
                                          model, seq_len, micro_batch, 1)) for on in (False, True)]
         off_s, on_s = interleaved_seconds(trainers, repeats)
         config = trainers[0].config
@@ -273,7 +269,7 @@ def measure_checkpointing(data, tmp, model, seq_len, micro_batch, dtypes, repeat
 def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
-        eager, compiled = (Trainer(trainer_args(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
+        eager, compiled = (Trainer(trainer_settings(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
                                                 model, seq_len, micro_batch, 1, compile=on))
                            for on in (False, True))
         first = timed_step(compiled)  # compiles
@@ -307,7 +303,7 @@ def zero_worker(args):
     rows = []
     for dtype in sorted(args.dtypes):
         for stage in (0, 1, 2):
-            trainer = Trainer(trainer_args(args.data, Path(args.tmp) / f"zero{stage}_{dtype}",
+            trainer = Trainer(trainer_settings(args.data, Path(args.tmp) / f"zero{stage}_{dtype}",
                                            ds_config_file(args.tmp, dtype, stage), args.model, args.seq_len,
                                            args.micro_batch, 1, world_size=2))
             (seconds,) = interleaved_seconds([trainer], args.repeats)
@@ -315,9 +311,9 @@ def zero_worker(args):
             owned = [None, None]
             dist.all_gather_object(owned, engine_state_bytes(engine))
             planned = resident_model_state_bytes(trainer.run.model.num_params(), dtype, stage, 2,
-                                                 json.loads(Path(trainer.args.ds_config).read_text()))
+                                                 json.loads(Path(trainer.settings.ds_config).read_text()))
             rows.append(dict(model=args.model, dtype=dtype, stage=stage, optimizer=type(engine.optimizer).__name__,
-                             step_s=seconds, tokens_per_step=trainer.args.total_batch_tokens,
+                             step_s=seconds, tokens_per_step=trainer.settings.total_batch_tokens,
                              state_bytes_rank0=owned[0], state_bytes_rank1=owned[1], planned_bytes=planned))
             trainer.close()
     if dist.get_rank() == 0:
@@ -346,7 +342,7 @@ def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2
 
 def allocator_worker(args):
     data = synthetic_shards(Path(tempfile.mkdtemp(dir=args.tmp)))
-    trainer = Trainer(trainer_args(data, Path(data) / "run", ds_config_file(data, args.dtypes[0]), args.model, args.seq_len,
+    trainer = Trainer(trainer_settings(data, Path(data) / "run", ds_config_file(data, args.dtypes[0]), args.model, args.seq_len,
                                    args.micro_batch, 1))
     (seconds,) = interleaved_seconds([trainer], args.repeats)
     Path(args.allocator_worker).write_text(json.dumps({"seconds": seconds}))

@@ -1,16 +1,17 @@
-"""Run settings: the command line, the DeepSpeed JSON, and one validation pass that reports every problem.
+"""Run settings: the command line, read into a typed Settings, and one validation pass that reports
+every problem.
 
 Derived values (model shape, gradient accumulation) are computed here, once, before any process group
 or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
 """
 import argparse
 import os
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 
 from gpt import ds_config as dsc
 from gpt.data import DataError, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
-from gpt.plan import PlanError, auto_micro_batch
+from gpt.optim import OptimizerSettings
 from gpt.profiling import profiled_steps_needed
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
@@ -21,13 +22,69 @@ class ConfigError(ValueError):
     """One or more problems with the run's settings, one per line."""
 
 
+@dataclass(frozen=True)
+class Settings:
+    """A run's settings, one field per flag of build_parser() (which holds the defaults and the help).
+    parse() reads them; resolve_defaults() and --micro_batch auto (gpt.plan) fill the three left open."""
+    ds_config: str
+    model: str
+    n_layer: int | None
+    n_embd: int | None
+    n_head: int | None
+    vocab_size: int
+    seq_len: int
+    micro_batch: int | str  # 'auto' until the planner picks it
+    total_batch_tokens: int
+    max_steps: int
+    lr: float
+    warmup_steps: int | None  # None until resolve_defaults
+    min_lr_ratio: float
+    weight_decay: float
+    data: str
+    out_dir: str
+    val_every: int
+    val_tokens: int
+    hellaswag: str | None
+    eval_every: int
+    sample_every: int
+    sample_tokens: int
+    seed: int
+    save_every: int
+    keep_last: int
+    keep_every: int
+    resume: str | None
+    init_from: str | None
+    skip_loss_z: float
+    skip_grad_z: float
+    max_bad_steps: int
+    compile: bool | None  # None until resolve_defaults
+    deterministic: bool
+    profile: int
+    cpu_fp16: bool
+    local_rank: int
+
+    @property
+    def model_config(self):
+        return model_config(self.model, self.n_layer, self.n_embd, self.n_head, self.vocab_size)
+
+    @property
+    def optimizer(self):
+        return OptimizerSettings(self.lr, self.weight_decay, self.warmup_steps, self.max_steps, self.min_lr_ratio)
+
+    def recorded(self):
+        """The settings as a checkpoint records them: all but the launcher's local rank."""
+        return {k: v for k, v in asdict(self).items() if k != "local_rank"}
+
+
+def parse(argv=None):
+    """The command line (sys.argv without argv) as Settings; argparse exits on malformed flags."""
+    return Settings(**vars(build_parser().parse_args(argv)))
+
+
 def build_parser():
     p = argparse.ArgumentParser(description="Pretrain GPT-2 with DeepSpeed.")
     p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json", help="DeepSpeed JSON (ds_configs/)")
-    p.add_argument("--model", default="d12", choices=sorted(PRESETS), help="size preset")
-    p.add_argument("--n_layer", type=int, help="override the preset's layer count")
-    p.add_argument("--n_embd", type=int, help="override the preset's width")
-    p.add_argument("--n_head", type=int, help="override the preset's head count")
+    add_model_arguments(p)
     p.add_argument("--vocab_size", type=int, default=PADDED_VOCAB_SIZE,
                    help="GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
     p.add_argument("--seq_len", type=int, default=1024, help="tokens per sequence (<= block_size)")
@@ -78,6 +135,14 @@ def build_parser():
     return p
 
 
+def add_model_arguments(parser):
+    """The model's shape flags; gpt-plan takes them too."""
+    parser.add_argument("--model", default="d12", choices=sorted(PRESETS), help="size preset")
+    parser.add_argument("--n_layer", type=int, help="override the preset's layer count")
+    parser.add_argument("--n_embd", type=int, help="override the preset's width")
+    parser.add_argument("--n_head", type=int, help="override the preset's head count")
+
+
 def micro_batch_arg(text):
     if text == "auto":
         return text
@@ -87,91 +152,81 @@ def micro_batch_arg(text):
         raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
 
 
-def resolve_auto_micro_batch(args, world_size, device_type):
-    """--micro_batch auto: ask the planner; returns the plan's text for the log."""
-    try:
-        args.micro_batch, text = auto_micro_batch(model_config(args), args.seq_len, dsc.load(args.ds_config),
-                                                  world_size, args.total_batch_tokens, device_type)
-    except PlanError as e:
-        raise ConfigError(f"--micro_batch auto: {e}") from None
-    return text
-
-
-def resolve_defaults(args, device_type):
+def resolve_defaults(settings, device_type):
     """Fill the settings whose default depends on the run: torch.compile by device, the warmup by run
-    length. Returns one log line per choice a user may not expect."""
-    notes = []
-    if args.compile is None:
-        args.compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
-        if args.compile:
+    length. Returns (the settings filled, one log line per choice a user may not expect)."""
+    notes, compile, warmup_steps = [], settings.compile, settings.warmup_steps
+    if compile is None:
+        compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
+        if compile:
             notes.append("torch.compile on (the default with CUDA; --no-compile turns it off)")
-    if args.warmup_steps is None:
-        args.warmup_steps = GPT3_WARMUP_STEPS
-        if 0 < args.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
-            args.warmup_steps = args.max_steps // 10
-            notes.append(f"--warmup_steps {args.warmup_steps}: --max_steps {args.max_steps} is below the default "
+    if warmup_steps is None:
+        warmup_steps = GPT3_WARMUP_STEPS
+        if 0 < settings.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
+            warmup_steps = settings.max_steps // 10
+            notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.max_steps} is below the default "
                          f"warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
-    return notes
+    return replace(settings, compile=compile, warmup_steps=warmup_steps), notes
 
 
-def model_config(args):
-    preset = PRESETS[args.model]
-    overrides = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head") if getattr(args, k) is not None}
-    return replace(preset, vocab_size=args.vocab_size, **overrides)
+def model_config(preset, n_layer=None, n_embd=None, n_head=None, vocab_size=PADDED_VOCAB_SIZE):
+    """A preset's GPTConfig with the given overrides (None: the preset's)."""
+    overrides = {k: v for k, v in dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head).items() if v is not None}
+    return replace(PRESETS[preset], vocab_size=vocab_size, **overrides)
 
 
-def gradient_accumulation(args, world_size):
-    tokens_per_micro_step = args.micro_batch * args.seq_len * world_size
-    if args.total_batch_tokens % tokens_per_micro_step:
+def gradient_accumulation(settings, world_size):
+    tokens_per_micro_step = settings.micro_batch * settings.seq_len * world_size
+    if settings.total_batch_tokens % tokens_per_micro_step:
         raise ConfigError(
-            f"--total_batch_tokens {args.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
-            f"= {args.micro_batch} x {args.seq_len} x {world_size} = {tokens_per_micro_step}")
-    return args.total_batch_tokens // tokens_per_micro_step
+            f"--total_batch_tokens {settings.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
+            f"= {settings.micro_batch} x {settings.seq_len} x {world_size} = {tokens_per_micro_step}")
+    return settings.total_batch_tokens // tokens_per_micro_step
 
 
-def validate(args, world_size):
+def validate(settings, world_size):
     """Check everything that can be checked before launch; raise one ConfigError listing every problem.
     Returns (ds_config, model_config, grad_accum)."""
     problems, ds_config, grad_accum = [], None, None
     try:
-        ds_config = dsc.load(args.ds_config)
-        problems += dsc.problems(ds_config, args.ds_config)
+        ds_config = dsc.load(settings.ds_config)
+        problems += dsc.problems(ds_config, settings.ds_config)
     except dsc.DeepSpeedConfigError as e:
         problems.append(str(e))
-    mconfig = model_config(args)
+    mconfig = settings.model_config
     if mconfig.n_embd % mconfig.n_head:
         problems.append(f"n_embd {mconfig.n_embd} is not divisible by n_head {mconfig.n_head}")
-    if args.seq_len > mconfig.block_size:
-        problems.append(f"--seq_len {args.seq_len} exceeds the model's block_size {mconfig.block_size} ({args.model})")
+    if settings.seq_len > mconfig.block_size:
+        problems.append(f"--seq_len {settings.seq_len} exceeds the model's block_size {mconfig.block_size} ({settings.model})")
     if mconfig.vocab_size <= 0:  # smaller than GPT-2's is fine for other tokenizers: check_shards checks the ids
         problems.append(f"--vocab_size must be positive (got {mconfig.vocab_size})")
-    elif mconfig.vocab_size < GPT2_VOCAB_SIZE and args.hellaswag:
+    elif mconfig.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {mconfig.vocab_size} < {GPT2_VOCAB_SIZE}")
     for name in ("seq_len", "micro_batch", "total_batch_tokens", "max_steps"):
-        if getattr(args, name) <= 0:
-            problems.append(f"--{name} must be positive (got {getattr(args, name)})")
-    if args.profile < 0:
-        problems.append(f"--profile must be >= 0 (got {args.profile})")
-    elif args.max_steps < profiled_steps_needed(args.profile):
-        problems.append(f"--profile {args.profile} needs --max_steps >= {profiled_steps_needed(args.profile)} "
-                        f"(1 skipped, 1 warm-up and {args.profile} recorded steps); --max_steps is {args.max_steps}")
-    if not 0 <= args.min_lr_ratio <= 1:
-        problems.append(f"--min_lr_ratio {args.min_lr_ratio} must lie in [0, 1]")
-    if args.warmup_steps < 0 or args.warmup_steps > args.max_steps:
-        problems.append(f"--warmup_steps {args.warmup_steps} must lie in [0, --max_steps {args.max_steps}]")
-    if min(args.seq_len, args.micro_batch, args.total_batch_tokens) > 0:
+        if getattr(settings, name) <= 0:
+            problems.append(f"--{name} must be positive (got {getattr(settings, name)})")
+    if settings.profile < 0:
+        problems.append(f"--profile must be >= 0 (got {settings.profile})")
+    elif settings.max_steps < profiled_steps_needed(settings.profile):
+        problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
+                        f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")
+    if not 0 <= settings.min_lr_ratio <= 1:
+        problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
+    if settings.warmup_steps < 0 or settings.warmup_steps > settings.max_steps:
+        problems.append(f"--warmup_steps {settings.warmup_steps} must lie in [0, --max_steps {settings.max_steps}]")
+    if min(settings.seq_len, settings.micro_batch, settings.total_batch_tokens) > 0:
         try:
-            grad_accum = gradient_accumulation(args, world_size)
+            grad_accum = gradient_accumulation(settings, world_size)
         except ConfigError as e:
             problems.append(str(e))
-    if args.init_from:
+    if settings.init_from:
         from gpt.hf import InteropError, check_hf_matches
         try:
-            check_hf_matches(args.init_from, mconfig)
+            check_hf_matches(settings.init_from, mconfig)
         except InteropError as e:
             problems.append(str(e))
     try:
-        check_shards(args.data, mconfig.vocab_size)
+        check_shards(settings.data, mconfig.vocab_size)
     except DataError as e:
         problems.append(str(e))
     if problems:

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from gpt import ds_config as dsc
+from gpt.config import GPT3_TOKENS_PER_STEP, ConfigError, add_model_arguments, model_config
 from gpt.memory import measure_activation_bytes
-from gpt.model import GPT, PRESETS, GPTConfig
+from gpt.model import GPT, GPTConfig
 
 GiB = 2**30
 GPUS = {  # usable device memory as the driver reports it
@@ -206,6 +207,16 @@ def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens,
     return plan["micro_batch"], format_plan(plan, f"--micro_batch auto on {device}")
 
 
+def resolve_auto_micro_batch(settings, world_size, device_type):
+    """--micro_batch auto: (the settings with the planner's micro-batch, the plan as text for the log)."""
+    try:
+        micro_batch, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load(settings.ds_config),
+                                             world_size, settings.total_batch_tokens, device_type)
+    except PlanError as e:
+        raise ConfigError(f"--micro_batch auto: {e}") from None
+    return replace(settings, micro_batch=micro_batch), text
+
+
 def format_plan(plan, label):
     lines = [f"{label}: {plan['n_params'] / 1e6:.0f}M parameters, {plan['precision']}, ZeRO {plan['zero_stage']}, "
              f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['world_size']} rank(s), "
@@ -221,29 +232,24 @@ def format_plan(plan, label):
 
 def build_parser():
     p = argparse.ArgumentParser(description="Plan per-GPU memory and the largest micro-batch.")
-    p.add_argument("--model", default="d12", choices=sorted(PRESETS))
-    p.add_argument("--n_layer", type=int)
-    p.add_argument("--n_embd", type=int)
-    p.add_argument("--n_head", type=int)
+    add_model_arguments(p)
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json")
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
     p.add_argument("--gpu_mem", type=float, help="device memory in GiB, for a GPU not in the table")
     p.add_argument("--world_size", type=int, default=8)
-    p.add_argument("--total_batch_tokens", type=int, default=524288)
+    p.add_argument("--total_batch_tokens", type=int, default=GPT3_TOKENS_PER_STEP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
 def main(argv=None):
-
     args = build_parser().parse_args(argv)
     try:
         if args.gpu_mem is None and args.gpu is None:
             raise PlanError("give --gpu (one of " + ", ".join(sorted(GPUS)) + ") or --gpu_mem GiB")
         device_bytes = args.gpu_mem * GiB if args.gpu_mem is not None else GPUS[args.gpu]
-        config = replace(PRESETS[args.model], **{k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head")
-                                                   if getattr(args, k) is not None})
+        config = model_config(args.model, args.n_layer, args.n_embd, args.n_head)
         if args.seq_len > config.block_size:
             raise PlanError(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size}")
         plan = make_plan(config, args.seq_len, dsc.load(args.ds_config), args.world_size, device_bytes,

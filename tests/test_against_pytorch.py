@@ -8,14 +8,14 @@ import torch
 from conftest import TINY, train, train_losses, write_ds_config
 from gpt.data import ShuffledTokenLoader, find_shards
 from gpt.optim import lr_at, param_groups
-from gpt.model import GPT, PRESETS
+from gpt.model import GPT, PADDED_VOCAB_SIZE, PRESETS
 
 STEPS, MICRO, SEQ, ACCUM, LR, WARMUP, SEED = 5, 4, 64, 2, 1e-3, 2, 1234
 
 
 def plain_pytorch_losses(data_dir):
     torch.manual_seed(SEED)
-    model = GPT(replace(PRESETS["tiny"], vocab_size=50304))
+    model = GPT(replace(PRESETS["tiny"], vocab_size=PADDED_VOCAB_SIZE))
     optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, LR, WARMUP, STEPS, 0.1) / LR)
     loader = ShuffledTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ, seed=SEED)  # as train_ds.py builds it

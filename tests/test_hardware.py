@@ -9,7 +9,7 @@ import pytest
 
 from conftest import HALF, NO_BF16_UNITS, REPO, TINY, train, train_losses
 from gpt import hardware
-from gpt.config import GPT3_WARMUP_STEPS, build_parser, resolve_defaults
+from gpt.config import GPT3_WARMUP_STEPS, parse, resolve_defaults
 
 
 @pytest.mark.parametrize("value,expected", [
@@ -76,32 +76,27 @@ def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(tmp_pat
     assert warnings[0].endswith("use ds_configs/zero2_fp32.json")
 
 
-def parse(*argv):
-    return build_parser().parse_args(list(argv))
-
-
 @pytest.mark.parametrize("argv,device,expected", [
     ((), "cuda", True), ((), "cpu", False),
     (("--no-compile",), "cuda", False), (("--compile",), "cpu", True),
 ])
 def test_compile_is_on_by_default_with_cuda_only(argv, device, expected):
-    args = parse(*argv)
-    notes = resolve_defaults(args, device)
-    assert args.compile is expected
+    settings, notes = resolve_defaults(parse(list(argv)), device)
+    assert settings.compile is expected
     assert notes == (["torch.compile on (the default with CUDA; --no-compile turns it off)"] if not argv and expected
                      else [])
 
 
 def test_a_run_shorter_than_the_default_warmup_warms_up_for_a_tenth_of_it():
-    args = parse("--max_steps", "80")
-    assert resolve_defaults(args, "cpu") == [
+    settings, notes = resolve_defaults(parse(["--max_steps", "80"]), "cpu")
+    assert notes == [
         f"--warmup_steps 8: --max_steps 80 is below the default warmup of {GPT3_WARMUP_STEPS}, "
         f"so the warmup is a tenth of the run"]
-    assert args.warmup_steps == 8
-    args = parse("--max_steps", "20000")
-    assert resolve_defaults(args, "cpu") == [] and args.warmup_steps == GPT3_WARMUP_STEPS
-    args = parse("--max_steps", "80", "--warmup_steps", "30")
-    assert resolve_defaults(args, "cpu") == [] and args.warmup_steps == 30  # an explicit value is kept
+    assert settings.warmup_steps == 8
+    settings, notes = resolve_defaults(parse(["--max_steps", "20000"]), "cpu")
+    assert notes == [] and settings.warmup_steps == GPT3_WARMUP_STEPS
+    settings, notes = resolve_defaults(parse(["--max_steps", "80", "--warmup_steps", "30"]), "cpu")
+    assert notes == [] and settings.warmup_steps == 30  # an explicit value is kept
 
 
 def test_a_short_trial_run_just_works_and_an_explicit_warmup_beyond_it_is_an_error(tmp_path, shakespeare_dir):

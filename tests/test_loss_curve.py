@@ -51,5 +51,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

@@ -19,8 +19,7 @@ def test_profile_writes_a_trace_per_rank_for_tensorboard(tmp_path, shakespeare_d
 
 
 RESIDENT_AFTER_FREE = """
-import sys, torch
-sys.path.insert(0, {repo!r})
+import torch
 from gpt.dist import keep_freed_memory_in_heap
 if {keep}:
     keep_freed_memory_in_heap()
@@ -34,8 +33,8 @@ print(rss() - before)
 
 def test_cpu_allocator_keeps_freed_blocks_for_the_next_step():
     def resident_after_free(keep):
-        code = RESIDENT_AFTER_FREE.format(repo=str(REPO), keep=keep)
-        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+        code = RESIDENT_AFTER_FREE.format(keep=keep)
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True).stdout
         return int(out.split()[-1])  # the last line (DeepSpeed may print to stdout first)
     assert resident_after_free(keep=True) > 200 * 2**20  # kept: the next step reuses it without page faults
     assert resident_after_free(keep=False) < 16 * 2**20  # glibc's default: unmapped, faulted in again next time

@@ -9,6 +9,7 @@ import pytest
 from pathlib import Path
 
 from conftest import HALF, SMALL_VOCAB, TINY, free_port, train, train_losses, write_ds_config
+from gpt.model import PADDED_VOCAB_SIZE
 from gpt.optim import lr_at
 
 FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
@@ -26,7 +27,7 @@ def test_loss_falls_on_shakespeare_with_two_ranks(tmp_path, request, config):
     # bf16/fp16 in a 512-token vocabulary: fast also where half-precision matmuls are emulated
     half = "fp32" not in config
     data, vocab = (request.getfixturevalue("small_vocab_dir"), SMALL_VOCAB) if half else (
-        request.getfixturevalue("shakespeare_dir"), 50304)
+        request.getfixturevalue("shakespeare_dir"), PADDED_VOCAB_SIZE)
     records, proc = train(tmp_path, data, *TINY, *(HALF if half else []), "--ds_config", f"ds_configs/{config}",
                        "--cpu_fp16", "--max_steps", "25", "--lr", "3e-3", "--total_batch_tokens", "1024", ranks=2)
     losses = train_losses(records)

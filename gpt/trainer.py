@@ -1,0 +1,312 @@
+"""The trainer, top-down: setup (check every setting, then join the process group) -> build (engine, data,
+guard, logger) -> resume -> fit (each step: train, log, the guard's verdict; then evaluate and save).
+train_ds.py is its command line; bench/train.py drives the same steps one at a time.
+"""
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from gpt import checkpoint, dist, hardware, hellaswag
+from gpt import engine as ds_engine
+from gpt.config import ConfigError, Settings, resolve_defaults, validate
+from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
+from gpt.ds_config import precision, zero_stage
+from gpt.evaluate import sample, validation_loss
+from gpt.guard import SpikeGuard, install_grad_norm_hook
+from gpt.hf import load_hf_weights
+from gpt.metrics import MetricsLogger, peak_flops
+from gpt.model import GPT, GPTConfig
+from gpt.plan import resolve_auto_micro_batch
+from gpt.profiling import step_profiler
+from gpt.tokenizer import gpt2_tokenizer
+
+SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
+LOSS_SCALE_AT_MINIMUM = "Current loss scale already at minimum"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What setup() checked and decided before the process group existed."""
+    settings: Settings  # complete: defaults and --micro_batch auto resolved
+    ds_config: dict
+    model_config: GPTConfig
+    grad_accum: int
+    device: torch.device
+    run_config: dict  # what this run's checkpoints record about it
+    resume_from: Path | None
+    hellaswag_examples: list
+
+
+@dataclass
+class Run:
+    """Everything fit() needs, built once by build()."""
+    settings: Settings
+    engine: object
+    model: GPT
+    train_loader: ShuffledTokenLoader
+    val_set: ValidationSet
+    logger: MetricsLogger
+    guard: SpikeGuard
+    guard_active: bool  # False: this optimizer has no path to skip an update (ZeRO 0)
+    device: torch.device
+    world_size: int
+    grad_accum: int
+    flops_per_step: float
+    peak_flops: float
+    run_config: dict
+    hellaswag_examples: list
+
+
+class StopTraining(Exception):
+    """The run cannot continue; the message says why."""
+
+
+def print0(*args, **kwargs):
+    """Print from rank 0 only; works before the process group exists too."""
+    if dist.launched_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def fail(message, code=2):
+    """One clear message (from rank 0) and a non-zero exit, on every rank."""
+    if dist.launched_rank() == 0:
+        print(f"error: {message}".replace("\n", "\nerror: "), file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def run_config_of(settings, ds_config, model_config, world_size):
+    """What a checkpoint records about the run that wrote it."""
+    return {"model": asdict(model_config), "precision": precision(ds_config),
+            "zero_stage": zero_stage(ds_config), "world_size": world_size, "args": settings.recorded()}
+
+
+def setup(settings):
+    """Validate every setting and the checkpoint to resume from before any process group exists, then
+    join the process group."""
+    world_size = dist.launched_world_size()
+    device_type = dist.device_type()
+    try:
+        settings, notes = resolve_defaults(settings, device_type)
+        for note in notes:
+            print0(note)
+        if settings.micro_batch == "auto":
+            settings, plan = resolve_auto_micro_batch(settings, world_size, device_type)
+            print0(plan)
+        ds_config, model_config, grad_accum = validate(settings, world_size)
+        run_config = run_config_of(settings, ds_config, model_config, world_size)
+        resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
+        if resume_from is not None:
+            checkpoint.check_compatible(resume_from, checkpoint.read_run_config(resume_from), run_config)
+        examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
+    except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
+        fail(e)
+    if device_type == "cuda":
+        arch_note = hardware.fix_cuda_arch_list()  # every rank, before DeepSpeed JIT-builds FusedAdam
+        if arch_note:
+            print0(arch_note)
+    elif precision(ds_config) == "bf16" and dist.launched_rank() == 0:
+        warning = hardware.cpu_bf16_warning()
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+    if settings.deterministic:
+        hardware.make_deterministic(device_type)
+    device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16")
+    torch.manual_seed(settings.seed)  # the same initial weights on every rank
+    return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
+                 device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples)
+
+
+def build(setup):
+    settings = setup.settings
+    model = GPT(setup.model_config)
+    if settings.init_from:
+        model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
+        print0(f"initial weights from {settings.init_from}")
+    engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, settings.optimizer)
+    if settings.compile:
+        engine.compile()
+    rank, world_size = dist.rank(), dist.world_size()
+    train_loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
+                                       rank, world_size, seed=settings.seed, pin_memory=setup.device.type == "cuda")
+    val_set = ValidationSet(find_shards(settings.data, "val"), settings.seq_len,
+                            settings.val_tokens // settings.seq_len, settings.micro_batch, rank, world_size)
+    guard = SpikeGuard(settings.skip_loss_z, settings.skip_grad_z, max_bad_steps=settings.max_bad_steps,
+                       fp16=precision(setup.ds_config) == "fp16")
+    guard_active = install_grad_norm_hook(engine, guard)
+    peak, peak_label = peak_flops(setup.device.type, precision(setup.ds_config))
+    logger = MetricsLogger(settings.out_dir, enabled=rank == 0)
+    print0(f"model {settings.model}: {model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
+    print0(f"{precision(setup.ds_config)}, ZeRO {engine.zero_optimization_stage()}, "
+           f"{type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, {world_size} rank(s) x "
+           f"micro_batch {settings.micro_batch} x seq_len {settings.seq_len} x grad_accum {setup.grad_accum} "
+           f"= {settings.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
+    print0(f"data {settings.data}: {len(train_loader.shards)} train shard(s), "
+           f"{sum(train_loader.batches_per_shard):,} batches/epoch per rank; validation on {len(val_set)} sequences "
+           f"of {settings.seq_len} tokens")
+    return Run(settings=settings, engine=engine, model=model, train_loader=train_loader, val_set=val_set,
+               logger=logger, guard=guard, guard_active=guard_active, device=setup.device, world_size=world_size,
+               grad_accum=setup.grad_accum,
+               flops_per_step=model.flops_per_token(settings.seq_len) * settings.total_batch_tokens,
+               peak_flops=peak, run_config=setup.run_config, hellaswag_examples=setup.hellaswag_examples)
+
+
+def resume(run, path):
+    """Load a checkpoint; returns the step to continue from. Same world size: everything, bit-exact.
+    Another world size: DeepSpeed's ZeRO partitions do not fit, so the weights only (said in the log)."""
+    if path is None:
+        if run.settings.resume:
+            print0(f"--resume {run.settings.resume}: no checkpoint in "
+                   f"{checkpoint.checkpoint_dir(run.settings.out_dir)}; fresh start")
+        return 0
+    saved_world = checkpoint.read_run_config(path)["world_size"]
+    exact = saved_world == run.world_size
+    state = checkpoint.load(run.engine, path, load_optimizer_states=exact)
+    step = state["step"] + 1
+    if exact:
+        run.train_loader.load_state_dict(state["loader"])
+        print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, data position and RNG")
+    else:
+        run.engine.lr_scheduler.last_epoch = step - 1
+        run.engine.lr_scheduler.step()  # the schedule's value at `step`
+        run.train_loader.load_state_dict({**run.train_loader.state_dict(), "epoch": state["loader"]["epoch"] + 1,
+                                          "batch": 0})
+        print0(f"resumed from {path} at step {step} with WEIGHTS ONLY: saved by {saved_world} rank(s), now "
+               f"{run.world_size}; optimizer moments restart from zero, data from epoch {state['loader']['epoch'] + 1}")
+    return step
+
+
+def train_step(run):
+    """One optimizer step = grad_accum micro-steps. Returns (loss averaged over micro-steps and ranks,
+    whether the update was skipped)."""
+    loss_sum = torch.zeros((), device=run.device)
+    skip_before = run.engine.skipped_steps
+    for micro in range(run.grad_accum):
+        x, y = run.train_loader.next_batch()
+        _, loss = run.engine(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
+        loss_sum += loss.detach()  # stays on device: one host sync per step, below
+        if micro == run.grad_accum - 1:
+            mean_loss = dist.mean_over_ranks(loss_sum).item() / run.grad_accum
+            if run.guard.check_loss(mean_loss):
+                if not run.guard_active:
+                    raise StopTraining(f"loss {mean_loss} and this optimizer has no skip path (ZeRO 0)")
+                loss = loss * float("nan")  # DeepSpeed's overflow path then skips the whole update
+        run.engine.backward(loss)
+        run.engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+    return mean_loss, run.engine.skipped_steps > skip_before
+
+
+def log_step(run, step, lr, loss, skipped, dt):
+    """The step's metrics to console, TensorBoard and metrics.jsonl."""
+    metrics = dict(loss=loss, lr=lr, dt=dt, tokens_per_s=run.settings.total_batch_tokens / dt,
+                   **ds_engine.step_stats(run.engine), skipped=int(skipped), guard_skips=run.guard.skipped)
+    if run.peak_flops:
+        metrics["mfu"] = run.flops_per_step / dt / (run.peak_flops * run.world_size)
+    run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+
+
+def guard_step(run, step, loss, skipped):
+    """The spike guard's verdict on the step just taken: say why an update was skipped; StopTraining
+    after too many bad steps in a row."""
+    bad = run.guard.end_step(loss, skipped)
+    if skipped:
+        print0(f"step {step:5d} | update skipped: {run.guard.reason}")
+    if bad:
+        raise StopTraining(bad)
+
+
+def optimizer_step(run, step):
+    """One step as fit takes it: train, log, the guard's verdict. Returns the loss."""
+    lr = run.engine.get_lr()[0]
+    start = time.perf_counter()
+    loss, skipped = train_step(run)
+    log_step(run, step, lr, loss, skipped, time.perf_counter() - start)
+    guard_step(run, step, loss, skipped)
+    return loss
+
+
+class StopRequest:
+    """SIGTERM/SIGINT: finish the current step, save, exit 0. Any rank's signal stops every rank."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = signal.Signals(signum).name
+
+    def agreed(self, device):
+        flag = torch.tensor(float(bool(self.requested)), device=device)
+        return dist.mean_over_ranks(flag).item() > 0
+
+
+def save(run, step):
+    settings = run.settings
+    client_state = {"step": step, "tokens": (step + 1) * settings.total_batch_tokens,
+                    "loader": run.train_loader.state_dict()}
+    start = time.perf_counter()
+    path = checkpoint.save(run.engine, settings.out_dir, step, client_state, run.run_config, settings.keep_last,
+                           settings.keep_every)
+    print0(f"step {step:5d} | saved {path} in {time.perf_counter() - start:.2f}s")
+
+
+def log_samples(run, step):
+    tokenizer = gpt2_tokenizer()
+    generator = torch.Generator().manual_seed(run.settings.seed + run.engine.global_rank)  # training RNG untouched
+    tokens = sample(run.model, tokenizer.encode_ordinary(SAMPLE_PROMPT), run.settings.sample_tokens, generator,
+                    run.device)
+    print(f"[rank {run.engine.global_rank}] sample at step {step}: {tokenizer.decode(tokens)!r}", flush=True)
+
+
+def fit(run, start_step):
+    settings = run.settings
+    stop = StopRequest()
+    profiler = step_profiler(settings.profile, settings.out_dir, run.device.type, run.engine.global_rank)
+    for step in range(start_step, settings.max_steps):
+        last = step == settings.max_steps - 1
+        optimizer_step(run, step)
+        profiler.step()
+        if settings.val_every and (step % settings.val_every == 0 or last):
+            val = validation_loss(run.engine, run.val_set, run.device)
+            run.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
+        if run.hellaswag_examples and (step % settings.eval_every == 0 or last):
+            scores = hellaswag.evaluate(run.engine, run.hellaswag_examples, run.device, run.model.config.block_size,
+                                        settings.micro_batch, progress=True)
+            run.logger.log(step, {"hellaswag/acc_norm": scores["acc_norm"], "hellaswag/acc": scores["acc"]},
+                           console=f"step {step:5d} | hellaswag acc_norm {scores['acc_norm']:.4f} "
+                                   f"acc {scores['acc']:.4f} ({scores['examples']} examples)")
+        if settings.sample_every and (step % settings.sample_every == 0 or last) and run.engine.global_rank == 0:
+            log_samples(run, step)
+        stopping = stop.agreed(run.device)
+        if last or stopping or (settings.save_every and (step + 1) % settings.save_every == 0):
+            save(run, step)
+        if stopping:
+            print0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
+            break
+    profiler.stop()
+    run.train_loader.close()
+    run.logger.close()
+
+
+def main(settings):
+    """Train with these settings; exits non-zero with one message when the run cannot go on."""
+    prepared = setup(settings)
+    run = build(prepared)
+    start_step = resume(run, prepared.resume_from)
+    try:
+        fit(run, start_step)
+    except StopTraining as e:
+        tags = checkpoint.complete_tags(checkpoint.checkpoint_dir(settings.out_dir))
+        fail(f"stopping: {e}. Last good checkpoint: "
+             f"{checkpoint.checkpoint_dir(settings.out_dir) / tags[-1] if tags else 'none'}", code=1)
+    except Exception as e:
+        if LOSS_SCALE_AT_MINIMUM not in str(e):
+            raise
+        fail("fp16 loss scale fell to its minimum: gradients keep overflowing. Remedies: train in bf16 "
+             "(ds_configs/*_bf16.json) where the GPU has it; raise fp16.hysteresis (e.g. 4) so single "
+             "overflows do not lower the scale; lower fp16.initial_scale_power; lower --lr", code=1)
