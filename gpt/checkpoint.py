@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from gpt import dist
 from gpt.model import GPTConfig
 
 CHECKPOINTS = "checkpoints"
@@ -39,15 +39,6 @@ def checkpoint_dir(out_dir):
 
 def tag_for(step):
     return f"step_{step:08d}"
-
-
-def _rank():
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier():
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _write_atomically(path, text):
@@ -84,14 +75,14 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
     ckpt_dir = checkpoint_dir(out_dir)
     tag = tag_for(step)
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
-    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{_rank():05d}.pt")
-    _barrier()  # every rank's files are on disk
-    if _rank() == 0:
+    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{dist.rank():05d}.pt")
+    dist.barrier()  # every rank's files are on disk
+    if dist.rank() == 0:
         _write_atomically(ckpt_dir / tag / RUN_CONFIG, json.dumps(run_config, indent=1))
         _write_atomically(ckpt_dir / tag / COMPLETE, json.dumps({"step": step}))
         _write_atomically(ckpt_dir / LATEST, tag)
         prune(ckpt_dir, keep_last, keep_every)
-    _barrier()
+    dist.barrier()
     return ckpt_dir / tag
 
 
@@ -158,7 +149,7 @@ def load(engine, path, load_optimizer_states=True):
         load_lr_scheduler_states=load_optimizer_states, load_module_only=not load_optimizer_states)
     if loaded is None:
         raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
-    rng_file = path / f"rng_rank{_rank():05d}.pt"
+    rng_file = path / f"rng_rank{dist.rank():05d}.pt"
     if load_optimizer_states and rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return client_state

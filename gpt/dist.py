@@ -35,6 +35,12 @@ def world_size():
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def barrier():
+    """Wait for every rank; a no-op without a process group."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
