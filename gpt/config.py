@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from gpt import ds_config as dsc
 from gpt.data import DataError, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
+from gpt.loss import LOSSES
 from gpt.optim import OptimizerSettings
 from gpt.profiling import profiled_steps_needed
 
@@ -58,6 +59,7 @@ class Settings:
     skip_grad_z: float
     max_bad_steps: int
     compile: bool | None  # None until resolve_defaults
+    loss: str
     deterministic: bool
     profile: int
     cpu_fp16: bool
@@ -123,6 +125,9 @@ def build_parser():
     p.add_argument("--max_bad_steps", type=int, default=5, help="stop after this many skipped steps in a row")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on with CUDA, off on CPU)")
+    p.add_argument("--loss", default="fused", choices=LOSSES,
+                   help="fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per "
+                        "sequence); classic: full fp32 logits")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",

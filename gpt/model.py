@@ -97,6 +97,9 @@ class GPT(nn.Module):
         # Activation checkpointing: a function with torch.utils.checkpoint's call shape
         # (fn, *args) -> output, set by the trainer (e.g. deepspeed.checkpointing.checkpoint).
         self.checkpoint_fn = None
+        # The training loss without the full logits: (hidden (N, C), lm_head weight, targets (N,)) -> the
+        # mean fp32 cross-entropy, set by the trainer (gpt.loss); None: the classic loss in forward.
+        self.loss_fn = None
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
@@ -125,7 +128,8 @@ class GPT(nn.Module):
         return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * seq_len
 
     def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean fp32 loss."""
+        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean fp32 loss (and no
+        logits when loss_fn is set)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -136,7 +140,10 @@ class GPT(nn.Module):
                 x = self.checkpoint_fn(block, x)
             else:
                 x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        x = self.transformer.ln_f(x)
+        if targets is not None and self.loss_fn is not None:
+            return None, self.loss_fn(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1))
+        logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits, None
         # log-softmax + NLL in fp32 whatever the compute dtype: fp16/bf16 lose too much over 50k classes

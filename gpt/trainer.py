@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import checkpoint, dist, hardware, hellaswag
+from gpt import checkpoint, dist, hardware, hellaswag, memory
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, Settings, resolve_defaults, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
@@ -18,6 +18,7 @@ from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
+from gpt.loss import fused_loss
 from gpt.metrics import MetricsLogger, peak_flops
 from gpt.model import GPT, GPTConfig
 from gpt.plan import resolve_auto_micro_batch
@@ -89,6 +90,8 @@ def setup(settings):
     join the process group."""
     world_size = dist.launched_world_size()
     device_type = dist.device_type()
+    if device_type == "cuda":
+        print0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
         settings, notes = resolve_defaults(settings, device_type)
         for note in notes:
@@ -126,6 +129,10 @@ def build(setup):
     if settings.init_from:
         model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
         print0(f"initial weights from {settings.init_from}")
+    if settings.loss == "fused":
+        model.loss_fn, loss_label = fused_loss(setup.device.type, precision(setup.ds_config))
+    else:
+        loss_label = "full fp32 logits"
     engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, settings.optimizer)
     if settings.compile:
         engine.compile()
@@ -144,6 +151,7 @@ def build(setup):
            f"{type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, {world_size} rank(s) x "
            f"micro_batch {settings.micro_batch} x seq_len {settings.seq_len} x grad_accum {setup.grad_accum} "
            f"= {settings.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
+    print0(f"loss: {settings.loss} ({loss_label})")
     print0(f"data {settings.data}: {len(train_loader.shards)} train shard(s), "
            f"{sum(train_loader.batches_per_shard):,} batches/epoch per rank; validation on {len(val_set)} sequences "
            f"of {settings.seq_len} tokens")
@@ -200,9 +208,10 @@ def train_step(run):
 
 
 def log_step(run, step, lr, loss, skipped, dt):
-    """The step's metrics to console, TensorBoard and metrics.jsonl."""
+    """The step's metrics to console, TensorBoard and metrics.jsonl (memory: the step's peak)."""
     metrics = dict(loss=loss, lr=lr, dt=dt, tokens_per_s=run.settings.total_batch_tokens / dt,
-                   **ds_engine.step_stats(run.engine), skipped=int(skipped), guard_skips=run.guard.skipped)
+                   **ds_engine.step_stats(run.engine), skipped=int(skipped), guard_skips=run.guard.skipped,
+                   **memory.peak_memory(run.device.type))
     if run.peak_flops:
         metrics["mfu"] = run.flops_per_step / dt / (run.peak_flops * run.world_size)
     run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
@@ -222,6 +231,7 @@ def guard_step(run, step, loss, skipped):
 def optimizer_step(run, step):
     """One step as fit takes it: train, log, the guard's verdict. Returns the loss."""
     lr = run.engine.get_lr()[0]
+    memory.reset_peak_memory(run.device.type)
     start = time.perf_counter()
     loss, skipped = train_step(run)
     log_step(run, step, lr, loss, skipped, time.perf_counter() - start)

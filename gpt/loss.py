@@ -1,0 +1,68 @@
+"""The training loss without the full (B, T, vocab) logits: lm_head and cross-entropy fused, chunk by chunk.
+
+The classic loss materialises the logits in the compute dtype, their fp32 copy for the log-softmax and,
+in backward, the fp32 and half-precision logits gradients: measured on an H100, two thirds of a d12
+sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
+- on CUDA in bf16 with liger-kernel installed (`pip install -e .[cuda]`), its Triton fused linear
+  cross-entropy (gradients computed in the forward pass, accumulated in fp32);
+- everywhere else the chunked PyTorch path below: the same math as the classic loss (fp32
+  log-softmax), each chunk's logits recomputed in backward. It is written by hand because no well-kept
+  CPU library does it; liger is not used for fp16 because it computes gradients before the loss scale
+  is applied, where fp16 underflows.
+"""
+import torch
+
+CHUNK_ROWS = 8192  # rows (tokens) of logits alive at a time: 8192 x 50304 fp32 = 1.6 GB at the peak
+LOSSES = ("fused", "classic")
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """mean over rows of cross_entropy(hidden @ weight.T in fp32, targets), without keeping the logits:
+    forward keeps each row's log-sum-exp; backward recomputes a chunk's logits, turns them into the
+    gradient in fp32 (scaled by the incoming gradient, so fp16 loss scaling acts as in the classic loss),
+    casts it to the compute dtype and multiplies it out, accumulating the weight gradient in fp32."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_rows):
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            logits = (hidden[rows] @ weight.t()).float()
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            loss_sum += (lse[rows] - logits.gather(1, targets[rows, None]).squeeze(1)).sum()
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk_rows = chunk_rows
+        return loss_sum / hidden.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        scale = grad_loss.float() / hidden.shape[0]
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, hidden.shape[0], ctx.chunk_rows):
+            rows = slice(start, start + ctx.chunk_rows)
+            grad_logits = (hidden[rows] @ weight.t()).float().sub_(lse[rows, None]).exp_()  # softmax
+            grad_logits[torch.arange(grad_logits.shape[0], device=grad_logits.device), targets[rows]] -= 1
+            grad_logits = grad_logits.mul_(scale).to(hidden.dtype)
+            grad_hidden[rows] = grad_logits @ weight
+            grad_weight += (grad_logits.t() @ hidden[rows]).float()
+        return grad_hidden, grad_weight.to(weight.dtype), None, None
+
+
+def chunked_cross_entropy(hidden, weight, targets, chunk_rows=CHUNK_ROWS):
+    """hidden (N, C), weight (vocab, C), targets (N,) -> the mean fp32 cross-entropy of hidden @ weight.T."""
+    return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows)
+
+
+def fused_loss(device_type, precision):
+    """The fused loss for this device and precision, and its name for the log."""
+    if device_type == "cuda" and precision == "bf16":
+        try:
+            from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+        except ImportError:
+            return chunked_cross_entropy, "chunked PyTorch (liger-kernel not installed: pip install -e .[cuda])"
+        return (lambda hidden, weight, targets: liger_fused_linear_cross_entropy(
+            hidden, weight, targets, accum_dtype=torch.float32)), "liger-kernel fused linear cross-entropy"
+    return chunked_cross_entropy, "chunked PyTorch"
