@@ -1,16 +1,19 @@
 """How large can batches grow: the planner's table (and chart) for GPT-2 sizes on a 32 GB V100 and an
-80 GB A800/H800, ZeRO-1/2, activation checkpointing off/on, seq_len 1024, 8 GPUs, 524288 tokens/step.
+80 GB A800/H800, ZeRO-1/2, activation checkpointing off/on, the classic and the fused loss, seq_len 1024,
+8 GPUs, 524288 tokens/step, the trainer's allocator setting (expandable segments).
 
     python bench/batch_report.py --chart docs/batch_growth.png      # prints the README's markdown table
 
-Planned, not measured: model states are exact for DeepSpeed 0.19 (tests/test_plan.py), activations come
-from a fit measured on CPU; the context reserve and allocator margin are estimates.
+Planned, not measured: model states are DeepSpeed 0.19's (tests/test_plan.py), a step's activations and
+loss buffers come from a fit of peaks measured on CPU, the allocator's overhead from an H100's measurements
+(tests/test_plan.py holds the plan against them); the context reserve is an estimate.
 """
 import argparse
 from pathlib import Path
 
 from gpt.ds_config import load as load_ds_config
 from gpt.config import GPT3_TOKENS_PER_STEP
+from gpt.loss import LOSSES
 from gpt.model import PRESETS
 from gpt.plan import GPUS, PlanError, make_plan
 
@@ -25,23 +28,27 @@ def rows(world_size=8, seq_len=1024, total_batch_tokens=GPT3_TOKENS_PER_STEP):
             for stage in (1, 2):
                 for checkpointing in (False, True):
                     name = f"zero{stage}_{precision}{'_ckpt' if checkpointing else ''}.json"
-                    try:
-                        plan = make_plan(PRESETS[model], seq_len, load_ds_config(REPO / "ds_configs" / name),
-                                         world_size, GPUS[gpu], total_batch_tokens)
-                        micro, accum, biggest = plan["micro_batch"], plan["grad_accum"], plan["max_micro_batch"]
-                    except PlanError:
-                        micro = accum = biggest = None
-                    yield dict(model=model, size=size, gpu=gpu_label, stage=stage, checkpointing=checkpointing,
-                               config=name, max_micro_batch=biggest, micro_batch=micro, grad_accum=accum)
+                    row = dict(model=model, size=size, gpu=gpu_label, stage=stage, checkpointing=checkpointing,
+                               config=name)
+                    for loss in LOSSES:
+                        try:
+                            plan = make_plan(PRESETS[model], seq_len, load_ds_config(REPO / "ds_configs" / name),
+                                             world_size, GPUS[gpu], total_batch_tokens, loss)
+                            row[loss] = dict(max_micro_batch=plan["max_micro_batch"], micro_batch=plan["micro_batch"],
+                                             grad_accum=plan["grad_accum"])
+                        except PlanError:
+                            row[loss] = dict(max_micro_batch=None, micro_batch=None, grad_accum=None)
+                    yield row
 
 
 def markdown(table):
-    lines = ["| model | GPU | ZeRO | ckpt | max micro-batch | micro × accumulation (8 GPUs, 0.5M tokens) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | GPU | ZeRO | ckpt | max micro-batch, classic loss | max micro-batch, fused loss "
+             "| fused: micro × accumulation (8 GPUs, 0.5M tokens) |", "|---|---|---|---|---|---|---|"]
     for r in table:
-        fits = f"{r['micro_batch']} × {r['grad_accum']}" if r["micro_batch"] else "does not fit"
+        fused = r["fused"]
+        fits = f"{fused['micro_batch']} × {fused['grad_accum']}" if fused["micro_batch"] else "does not fit"
         lines.append(f"| {r['model']} ({r['size']}) | {r['gpu']} | {r['stage']} | {'on' if r['checkpointing'] else 'off'} "
-                     f"| {r['max_micro_batch'] or '—'} | {fits} |")
+                     f"| {r['classic']['max_micro_batch'] or '—'} | {fused['max_micro_batch'] or '—'} | {fits} |")
     return "\n".join(lines)
 
 
@@ -55,12 +62,12 @@ def chart(table, path):
         series = [(stage, ckpt) for stage in (1, 2) for ckpt in (False, True)]
         width = 0.2
         for i, (stage, ckpt) in enumerate(series):
-            values = [next(r["max_micro_batch"] or 0 for r in table if r["model"] == m and r["gpu"] == gpu_label
+            values = [next(r["fused"]["max_micro_batch"] or 0 for r in table if r["model"] == m and r["gpu"] == gpu_label
                            and r["stage"] == stage and r["checkpointing"] == ckpt) for m, _ in MODELS]
             ax.bar([x + (i - 1.5) * width for x in range(len(MODELS))], values, width,
                    label=f"ZeRO-{stage}, checkpointing {'on' if ckpt else 'off'}")
         ax.set_xticks(range(len(MODELS)), [f"{m}\n{s}" for m, s in MODELS])
-        ax.set_title(f"{gpu_label}, T=1024, 8 GPUs (planned)")
+        ax.set_title(f"{gpu_label}, T=1024, 8 GPUs, fused loss (planned)")
         ax.set_yscale("log", base=2)
     axes[0].set_ylabel("largest micro-batch that fits")
     axes[0].legend(fontsize=8)

@@ -3,6 +3,7 @@ forward of the real model, the model-state bytes a live DeepSpeed engine owns, a
 and the CUDA caching allocator's setting, which decides how much of the device those bytes can use."""
 import os
 import sys
+import warnings
 
 import torch
 
@@ -33,6 +34,55 @@ def measure_activation_bytes(config, batch, seq_len, precision, checkpointing):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model(x, x)
     return sum(saved.values())
+
+
+def measure_step_bytes(config, batch, seq_len, precision, checkpointing, loss="classic", chunk_rows=32):
+    """Peak bytes of one forward + backward of the real model, parameters and gradients excluded (the
+    planner counts those as model states), temporaries included: PyTorch's MemTracker follows every live
+    tensor. As DeepSpeed runs it: the model cast to the half dtype, the loss in fp32, the trainer holding
+    the forward's outputs, and each gradient handed off (freed) once accumulated, as ZeRO's hooks do.
+    loss 'fused' runs the chunked loss with `chunk_rows` rows per chunk."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    from gpt.loss import chunked_cross_entropy
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    model = GPT(config).to(dtype)
+    if checkpointing:
+        model.checkpoint_fn = lambda fn, *args: torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    if loss == "fused":
+        model.loss_fn = lambda hidden, weight, targets: chunked_cross_entropy(hidden, weight, targets, chunk_rows)
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(lambda parameter: setattr(parameter, "grad", None))
+    x = torch.randint(0, config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Expected a tensor")  # the fused loss's logits: None
+        logits, step_loss = model(x, x)  # held through backward, as the trainer holds them
+        step_loss.backward()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return peak["Total"] - peak.get(_MemRefType.PARAM, 0) - peak.get(_MemRefType.GRAD, 0)
+
+
+def measure_loss_chunk_bytes(rows, vocab, width, precision):
+    """Peak bytes of the chunked loss's forward + backward over one chunk of `rows` rows, beyond its
+    inputs and their gradients: the chunk's logits in their forms (compute dtype, fp32, gradient) and the
+    fp32 weight-gradient accumulator."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from gpt.loss import chunked_cross_entropy
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(rows, width, generator=generator).to(dtype).requires_grad_()
+    weight = torch.randn(vocab, width, generator=generator).to(dtype).requires_grad_()
+    targets = torch.randint(0, vocab, (rows,), generator=generator)
+    tracker = MemTracker()
+    with tracker:
+        chunked_cross_entropy(hidden, weight, targets, rows).backward()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    return peak - 2 * (hidden.numel() + weight.numel()) * hidden.element_size()
 
 
 def engine_state_bytes(engine):
@@ -69,8 +119,9 @@ def use_expandable_segments(environ=os.environ):
     """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless the user set the variable: measured on an
     H100 with d12, the allocator then reserved ~1% above what it allocated instead of ~20%, and the
     largest micro-batch grew from 64 to 76. Call before CUDA's allocator starts. Returns the log line."""
-    if ALLOC_CONF in environ:
-        return f"{ALLOC_CONF}={environ[ALLOC_CONF]} (yours, kept)"
+    for name in (ALLOC_CONF, "PYTORCH_ALLOC_CONF"):  # the second: its name since PyTorch 2.9
+        if name in environ:
+            return f"{name}={environ[name]} (yours, kept)"
     environ[ALLOC_CONF] = EXPANDABLE_SEGMENTS
     return f"{ALLOC_CONF}={EXPANDABLE_SEGMENTS} (the trainer's default on CUDA: set the variable to choose otherwise)"
 
@@ -79,6 +130,11 @@ def expandable_segments(environ=os.environ):
     """Whether the CUDA allocator runs (or will run) with expandable segments."""
     settings = ",".join(environ.get(name, "") for name in (ALLOC_CONF, "PYTORCH_ALLOC_CONF")).replace(" ", "")
     return "expandable_segments:true" in settings.lower()
+
+
+def trainer_uses_expandable_segments(environ=os.environ):
+    """Whether the trainer will run with expandable segments: its default, unless the variable is set."""
+    return not {ALLOC_CONF, "PYTORCH_ALLOC_CONF"} & environ.keys() or expandable_segments(environ)
 
 
 def reset_peak_memory(device_type):

@@ -29,21 +29,38 @@ import torch
 
 from gpt import ds_config as dsc
 from gpt.config import GPT3_TOKENS_PER_STEP, ConfigError, add_model_arguments, model_config
-from gpt.memory import measure_activation_bytes
+from gpt.loss import CHUNK_ROWS, LOSSES
+from gpt.memory import (expandable_segments, measure_loss_chunk_bytes, measure_step_bytes,
+                        trainer_uses_expandable_segments)
 from gpt.model import GPT, GPTConfig
 
-GiB = 2**30
-GPUS = {  # usable device memory as the driver reports it
-    "v100-16gb": 16 * GiB, "v100-32gb": 32 * GiB, "a100-40gb": 40 * GiB, "a100-80gb": 80 * GiB,
-    "a800-80gb": 80 * GiB, "h100-80gb": 80 * GiB, "h800-80gb": 80 * GiB, "h200-141gb": 141 * 10**9,
-    "rtx3090-24gb": 24 * GiB, "rtx4090-24gb": 24 * GiB,
+MiB, GiB = 2**20, 2**30
+# Device memory as CUDA reports it (torch.cuda.get_device_properties().total_memory), which is less than
+# the datasheet's GB and than nvidia-smi's MiB: the driver keeps ~480 MiB (H100: 81,559 MiB in nvidia-smi,
+# 81,079 MiB to CUDA).
+NVIDIA_SMI_TO_CUDA = 480 * MiB
+GPUS = {
+    "h100-80gb": 85_017_493_504,  # measured, H100 80GB HBM3 (../shared/gpu/h100-memory-2026-11-22.json)
+    "h800-80gb": 85_017_493_504,  # assumed the H100's: the same 80 GB HBM3 board
+    "a100-80gb": 81_920 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 81,920 MiB (modal-labs/modal-client#2797)
+    "a800-80gb": 81_920 * MiB - NVIDIA_SMI_TO_CUDA,  # assumed the A100-80GB's (the same memory system)
+    "a100-40gb": 42_405_855_232,  # CUDA deviceQuery on an A100-SXM4-40GB (Paderborn PC2 wiki)
+    "v100-32gb": 32_512 * MiB,  # 31.75 GiB, what a V100-SXM2-32GB reports (nvidia-smi 32,510 MiB; issue 13)
+    "v100-16gb": 16_160 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 16,160 MiB (not verified here)
+    "h200-141gb": 143_771 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 143,771 MiB (not verified here)
+    "rtx3090-24gb": 24_576 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 24,576 MiB (not verified here)
+    "rtx4090-24gb": 24_564 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 24,564 MiB (not verified here)
 }
-CONTEXT_RESERVE = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspaces: an estimate, not measured here
-ALLOCATOR_MARGIN = 0.05  # of device memory, for the caching allocator's fragmentation: an estimate
+CONTEXT_RESERVE = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspaces: outside PyTorch's allocator
+# What the caching allocator reserves above what it allocates, as a fraction of the allocated peak. Measured
+# with d12 on an H100 (the shared file): 19-20% by default at micro-batches 32-64 (fitting 64, not 72); at
+# most 1% with expandable segments but for a first step (8%), so 3% (fitting 76, not 80). On CPU: glibc's heap.
+ALLOCATOR_OVERHEAD = {"default": 0.20, "expandable_segments": 0.03, "cpu": 0.05}
 MAX_MICRO_BATCH = 4096
-# Shapes the activation fit is measured on (n_layer, n_head, n_embd, vocab, batch, seq_len): small, varied.
-PROFILE_SHAPES = [(2, 2, 64, 512, 2, 32), (3, 2, 64, 512, 2, 32), (2, 4, 64, 512, 2, 32),
-                  (2, 2, 128, 512, 2, 32), (2, 2, 64, 1024, 2, 32), (2, 2, 64, 512, 4, 64)]
+# Shapes the activation fit is measured on (n_layer, n_head, n_embd, vocab, batch, seq_len), each at batch and
+# 2 x batch: small and varied, and large enough that the step's per-token phase holds the peak.
+PROFILE_SHAPES = [(2, 2, 64, 512, 8, 32), (3, 2, 64, 512, 8, 32), (2, 4, 64, 512, 8, 32),
+                  (2, 2, 128, 512, 8, 32), (2, 2, 64, 1024, 8, 32), (2, 2, 64, 512, 16, 64)]
 
 
 class PlanError(ValueError):
@@ -95,82 +112,100 @@ def bucket_bytes(ds_config, precision, stage):
     return reduce + float(zero.get("allgather_bucket_size", 5e8)) * e
 
 
-# -- activations -----------------------------------------------------------------------------------
+# -- activations and the loss ------------------------------------------------------------------------
 def _features(n_layer, n_head, n_embd, vocab):
     return [n_layer * n_embd, n_layer * n_head, n_embd, vocab, 1.0]
 
 
 @functools.lru_cache(maxsize=None)
-def activation_fit(precision, checkpointing):
-    """Coefficients (a, b, c, d, e) of bytes per token, least-squares fitted to measurements."""
+def activation_fit(precision, checkpointing, loss):
+    """Coefficients (a, b, c, d, e) of a training step's peak bytes per token (activations, the loss's
+    buffers, temporaries), least-squares fitted to measurements at two batch sizes per shape: the
+    difference is the per-token cost, whatever a step holds independently of the batch."""
     torch.manual_seed(0)
     rows, targets = [], []
     for n_layer, n_head, n_embd, vocab, batch, seq_len in PROFILE_SHAPES:
         config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=seq_len, vocab_size=vocab)
+        small, large = (measure_step_bytes(config, b, seq_len, precision, checkpointing, loss) for b in (batch, 2 * batch))
         rows.append(_features(n_layer, n_head, n_embd, vocab))
-        targets.append(measure_activation_bytes(config, batch, seq_len, precision, checkpointing) / (batch * seq_len))
+        targets.append((large - small) / (batch * seq_len))
     coefficients, *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
     return tuple(float(c) for c in coefficients)
 
 
-def saved_activation_bytes(config, batch, seq_len, precision, checkpointing):
-    """Predicted bytes autograd saves for backward (what measure_activation_bytes counts)."""
-    fit = activation_fit(precision, checkpointing)
-    return float(np.dot(fit, _features(config.n_layer, config.n_head, config.n_embd, config.vocab_size))) * batch * seq_len
+def per_token_bytes(config, precision, checkpointing, loss):
+    fit = activation_fit(precision, checkpointing, loss)
+    return float(np.dot(fit, _features(config.n_layer, config.n_head, config.n_embd, config.vocab_size)))
 
 
-def activation_bytes(config, batch, seq_len, precision, checkpointing):
-    """Activations at the backward peak: the saved ones, and with checkpointing the one layer being
-    recomputed, which holds a full layer's activations meanwhile."""
-    total = saved_activation_bytes(config, batch, seq_len, precision, checkpointing)
-    if checkpointing:
-        full = activation_fit(precision, False)
-        total += (full[0] * config.n_embd + full[1] * config.n_head) * batch * seq_len
-    return total
+@functools.lru_cache(maxsize=None)
+def loss_chunk_element_bytes(precision):
+    """Bytes per logit element of one chunk of the fused loss, measured (with the weight-gradient
+    accumulator, which fused_loss_bytes counts apart, taken out)."""
+    rows, vocab, width = 512, 4096, 64
+    accumulator = vocab * width * 4
+    return (measure_loss_chunk_bytes(rows, vocab, width, precision) - accumulator) / (rows * vocab)
+
+
+def fused_loss_bytes(config, tokens, precision):
+    """What the fused loss holds independently of the batch: the fp32 weight-gradient accumulator and its
+    cast to the weight's dtype, and one chunk of logits in their forms."""
+    chunk = min(tokens, CHUNK_ROWS) * config.vocab_size * loss_chunk_element_bytes(precision)
+    return config.vocab_size * config.n_embd * (4 + element_bytes(precision)) + chunk
+
+
+def step_bytes(config, batch, seq_len, precision, checkpointing, loss):
+    """Predicted peak of a training step beyond the model states (what measure_step_bytes measures, plus
+    the fused loss's chunk at full size)."""
+    tokens = batch * seq_len
+    total = per_token_bytes(config, precision, checkpointing, loss) * tokens
+    return total + (fused_loss_bytes(config, tokens, precision) if loss == "fused" else 0)
 
 
 # -- the plan --------------------------------------------------------------------------------------
-def plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing, device_bytes):
+def plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing, loss,
+               allocator, context_bytes):
+    """A training step's peak device memory, by part: model states, activations with the loss's buffers,
+    what the caching allocator reserves beyond that, and what lies outside PyTorch (context_bytes)."""
     parts = dict(model_state_bytes(n_params, precision, stage, world_size, ds_config))
-    parts["activations"] = activation_bytes(config, batch, seq_len, precision, checkpointing)
-    # backward of the fp32 loss: the logits' gradient in fp32 and its cast to the compute dtype
-    parts["loss_buffers"] = batch * seq_len * config.vocab_size * (4 + element_bytes(precision))
-    parts["context_reserve"] = CONTEXT_RESERVE
-    parts["allocator_margin"] = ALLOCATOR_MARGIN * device_bytes
+    parts["activations_and_loss"] = step_bytes(config, batch, seq_len, precision, checkpointing, loss)
+    parts["allocator_overhead"] = ALLOCATOR_OVERHEAD[allocator] * sum(parts.values())
+    parts["context_reserve"] = context_bytes
     return parts
 
 
-def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens):
+def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens, loss="fused",
+              allocator="expandable_segments", context_bytes=CONTEXT_RESERVE):
+    """The largest micro-batch whose step fits device_bytes, and the one that also divides the token
+    budget. allocator: 'expandable_segments', 'default' or 'cpu' (ALLOCATOR_OVERHEAD)."""
     precision = dsc.precision(ds_config)
     stage = dsc.zero_stage(ds_config)
     checkpointing = dsc.uses_activation_checkpointing(ds_config)
     with torch.device("meta"):
         n_params = GPT(config).num_params()
 
-    def total(batch):
-        return sum(plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config,
-                              checkpointing, device_bytes).values())
+    def parts(batch):
+        return plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing,
+                          loss, allocator, context_bytes)
 
-    if total(1) > device_bytes:
-        parts = plan_bytes(config, n_params, 1, seq_len, precision, stage, world_size, ds_config, checkpointing,
-                           device_bytes)
-        raise PlanError(f"even micro-batch 1 needs {total(1) / GiB:.1f} GiB of the GPU's {device_bytes / GiB:.1f} GiB "
-                        f"(model states {sum(v for k, v in parts.items() if k in MODEL_STATE_PARTS) / GiB:.1f} GiB); "
+    if sum(parts(1).values()) > device_bytes:
+        states = sum(v for k, v in parts(1).items() if k in MODEL_STATE_PARTS)
+        raise PlanError(f"even micro-batch 1 needs {sum(parts(1).values()) / GiB:.1f} GiB of the GPU's "
+                        f"{device_bytes / GiB:.1f} GiB (model states {states / GiB:.1f} GiB); "
                         f"use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory")
-    low, high = 1, MAX_MICRO_BATCH  # total() grows with the batch: bisect for the largest that fits
+    low, high = 1, MAX_MICRO_BATCH  # the total grows with the batch: bisect for the largest that fits
     while low < high:
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if total(mid) <= device_bytes else (low, mid - 1)
+        low, high = (mid, high) if sum(parts(mid).values()) <= device_bytes else (low, mid - 1)
     per_micro_step = seq_len * world_size
     fitting = [b for b in range(low, 0, -1) if total_batch_tokens % (b * per_micro_step) == 0]
     micro = fitting[0] if fitting else None
-    parts = plan_bytes(config, n_params, micro or low, seq_len, precision, stage, world_size, ds_config,
-                       checkpointing, device_bytes)
+    chosen = parts(micro or low)
     return {"max_micro_batch": low, "micro_batch": micro,
             "grad_accum": total_batch_tokens // (micro * per_micro_step) if micro else None,
-            "total_bytes": sum(parts.values()), "gpu_bytes": device_bytes, "bytes": parts,
+            "total_bytes": sum(chosen.values()), "gpu_bytes": device_bytes, "bytes": chosen,
             "n_params": n_params, "precision": precision, "zero_stage": stage, "checkpointing": checkpointing,
-            "world_size": world_size, "seq_len": seq_len}
+            "loss": loss, "allocator": allocator, "world_size": world_size, "seq_len": seq_len}
 
 
 MODEL_STATE_PARTS = ("parameters", "gradients", "fp32_gradients", "master_weights", "optimizer_states", "buckets")
@@ -197,10 +232,13 @@ def device_memory_bytes(device_type):
     return psutil.virtual_memory().available / local_ranks, f"CPU RAM / {local_ranks} local rank(s)"
 
 
-def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type):
-    """(micro-batch, the plan as text) for --micro_batch auto on this machine's device."""
+def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type, loss):
+    """(micro-batch, the plan as text) for --micro_batch auto on this machine's device, with the allocator
+    setting the trainer runs with."""
     device_bytes, device = device_memory_bytes(device_type)
-    plan = make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens)
+    allocator = ("expandable_segments" if expandable_segments() else "default") if device_type == "cuda" else "cpu"
+    plan = make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens, loss, allocator,
+                     CONTEXT_RESERVE if device_type == "cuda" else 0)
     if plan["micro_batch"] is None:
         raise PlanError(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
                         f"{total_batch_tokens} into seq_len {seq_len} x {world_size} rank(s)")
@@ -211,7 +249,7 @@ def resolve_auto_micro_batch(settings, world_size, device_type):
     """--micro_batch auto: (the settings with the planner's micro-batch, the plan as text for the log)."""
     try:
         micro_batch, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load(settings.ds_config),
-                                             world_size, settings.total_batch_tokens, device_type)
+                                             world_size, settings.total_batch_tokens, device_type, settings.loss)
     except PlanError as e:
         raise ConfigError(f"--micro_batch auto: {e}") from None
     return replace(settings, micro_batch=micro_batch), text
@@ -219,8 +257,8 @@ def resolve_auto_micro_batch(settings, world_size, device_type):
 
 def format_plan(plan, label):
     lines = [f"{label}: {plan['n_params'] / 1e6:.0f}M parameters, {plan['precision']}, ZeRO {plan['zero_stage']}, "
-             f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['world_size']} rank(s), "
-             f"seq_len {plan['seq_len']}"]
+             f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['loss']} loss, {plan['allocator']} "
+             f"allocator, {plan['world_size']} rank(s), seq_len {plan['seq_len']}"]
     for name, value in plan["bytes"].items():
         lines.append(f"  {name:18s} {value / GiB:8.2f} GiB")
     lines.append(f"  {'total':18s} {plan['total_bytes'] / GiB:8.2f} GiB of {plan['gpu_bytes'] / GiB:.2f} GiB "
@@ -236,7 +274,11 @@ def build_parser():
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json")
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
-    p.add_argument("--gpu_mem", type=float, help="device memory in GiB, for a GPU not in the table")
+    p.add_argument("--gpu_mem", type=float, help="device memory in GiB as CUDA reports it, for a GPU not in the table")
+    p.add_argument("--loss", default="fused", choices=LOSSES, help="the trainer's --loss")
+    p.add_argument("--allocator", choices=sorted(ALLOCATOR_OVERHEAD.keys() - {"cpu"}),
+                   help="CUDA caching allocator setting (default: the trainer's: expandable_segments unless "
+                        "PYTORCH_CUDA_ALLOC_CONF says otherwise)")
     p.add_argument("--world_size", type=int, default=8)
     p.add_argument("--total_batch_tokens", type=int, default=GPT3_TOKENS_PER_STEP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -252,8 +294,9 @@ def main(argv=None):
         config = model_config(args.model, args.n_layer, args.n_embd, args.n_head)
         if args.seq_len > config.block_size:
             raise PlanError(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size}")
+        allocator = args.allocator or ("expandable_segments" if trainer_uses_expandable_segments() else "default")
         plan = make_plan(config, args.seq_len, dsc.load(args.ds_config), args.world_size, device_bytes,
-                         args.total_batch_tokens)
+                         args.total_batch_tokens, args.loss, allocator)
     except (PlanError, dsc.DeepSpeedConfigError) as e:
         sys.exit(f"error: {e}")
     if args.json:
