@@ -3,6 +3,7 @@
 8 GPUs, 524288 tokens/step, the trainer's allocator setting (expandable segments).
 
     python bench/batch_report.py --chart docs/batch_growth.png      # prints the README's markdown table
+                                                                    # and issue 13's targets for d12
 
 Planned, not measured: model states are DeepSpeed 0.19's (tests/test_plan.py), a step's activations and
 loss buffers come from a fit of peaks measured on CPU, the allocator's overhead from an H100's measurements
@@ -15,7 +16,7 @@ from gpt.ds_config import load as load_ds_config
 from gpt.config import GPT3_TOKENS_PER_STEP
 from gpt.loss import LOSSES
 from gpt.model import PRESETS
-from gpt.plan import GPUS, PlanError, make_plan
+from gpt.plan import GPUS, GiB, PlanError, make_plan, per_token_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = [("d12", "124M"), ("d24", "350M"), ("d36", "774M"), ("d48", "1.5B")]
@@ -52,6 +53,21 @@ def markdown(table):
     return "\n".join(lines)
 
 
+def targets(seq_len=1024):
+    """Issue 13's targets for d12, one GPU, T=1024, as planned: (what, planned, target, met)."""
+    d12 = PRESETS["d12"]
+
+    def max_micro_batch(config, gpu):
+        return make_plan(d12, seq_len, load_ds_config(REPO / "ds_configs" / config), 1, GPUS[gpu],
+                         GPT3_TOKENS_PER_STEP)["max_micro_batch"]
+
+    per_sequence = per_token_bytes(d12, "bf16", False, "fused") * seq_len / GiB
+    fits_80gb, fits_v100 = max_micro_batch("zero1_bf16.json", "h100-80gb"), max_micro_batch("zero2_fp16.json", "v100-32gb")
+    return [("memory per sequence, fused loss, bf16 (GiB)", round(per_sequence, 3), "<= 0.35", per_sequence <= 0.35),
+            ("max micro-batch, zero1_bf16, 80 GB (measured classic: 64)", fits_80gb, ">= 200", fits_80gb >= 200),
+            ("max micro-batch, zero2_fp16, V100-32GB (measured classic: 24)", fits_v100, ">= 70", fits_v100 >= 70)]
+
+
 def chart(table, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -81,6 +97,9 @@ def main():
     args = parser.parse_args()
     table = list(rows())
     print(markdown(table))
+    print("\nd12, 1 GPU, T=1024, fused loss, expandable segments (planned) | target")
+    for what, planned, target, met in targets():
+        print(f"  {what}: {planned} | {target} {'met' if met else 'MISSED'}")
     if args.chart:
         chart(table, args.chart)
 

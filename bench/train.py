@@ -11,10 +11,13 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
   allocator the trainer step with glibc's default malloc vs freed memory kept in the heap (--full)
   compile   torch.compile on/off: first-step (compile) time, steady step-time ratio (--full)
+  loss      tokens/s of the fused loss at --micro_batch auto's choice (the plan, probed on a GPU) / the
+            classic full-logits loss's best over micro-batches doubling up to its first out-of-memory
 
     python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min); on a GPU
                                                #   d12 at 131k tokens/step, eager and compiled
-    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile (~15 min)
+    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile, loss
+                                               #   (~15 min); on a GPU also loss: d12, T=1024, up to 512 sequences
     python bench/train.py --only zero ckpt     # some sections
     python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/test_bench.py)
     python bench/train.py --json bench.json    # also write the results as JSON
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,29 +53,31 @@ from gpt.metrics import measure_cpu_peak_flops, peak_flops
 from gpt.model import GPT, GPT2_VOCAB_SIZE
 from gpt.memory import engine_state_bytes, measure_activation_bytes
 from gpt.plan import resident_model_state_bytes
+from gpt.probe import is_out_of_memory
 
 DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile"]
+SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss"]
 CPU_ONLY_SECTIONS = {"zero", "allocator"}  # 2 ranks on one machine's cores; glibc's malloc
 # What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum), in `dtypes`, eager and,
 # where `overhead_compile` says so, compiled; the other sections (model, seq_len, micro_batch[, dtypes]);
-# `sections` run unless --only names others. On CPU `peak_max_size` bounds the measured matmul peak.
+# `sections` run unless --only names others; loss: (model, seq_len, largest micro-batch). On CPU `peak_max_size` bounds the measured matmul peak.
 MODES = {
     "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
                   ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8), repeats=4,
                   peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
-                 repeats=6, peak_max_size=4096, sections=SECTIONS),
+                 loss=("d4", 256, 32), repeats=6, peak_max_size=4096, sections=SECTIONS),
     # each default section's code path once on the tiny model, for tests/test_bench.py: the figures mean nothing
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
-                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4), repeats=1, peak_max_size=256,
-                  sections=["overhead", "zero", "ckpt"]),
+                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4), loss=("tiny", 64, 2), repeats=1,
+                  peak_max_size=256, sections=["overhead", "zero", "ckpt", "loss"]),
     # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
     # eager and compiled (issue 11 measured 0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step)
     "gpu": dict(overhead=[("d12", 1024, 32, 4)], dtypes=("bf16",), overhead_compile=(False, True),
-                ckpt=("d12", 1024, 32, ("bf16",)), compile=("d12", 1024, 32), repeats=5, sections=["overhead"]),
+                ckpt=("d12", 1024, 32, ("bf16",)), compile=("d12", 1024, 32), loss=("d12", 1024, 512), repeats=5,
+                sections=["overhead"]),
 }
 
 
@@ -146,7 +152,7 @@ class Trainer:
 
     def __init__(self, settings):
         with quiet():
-            self.run = gpt.trainer.build(gpt.trainer.setup(settings))
+            self.run = gpt.trainer.build(gpt.trainer.prepare(settings))
         self.settings, self.step_index = self.run.settings, 0
         self.config = self.run.model.config
 
@@ -159,6 +165,7 @@ class Trainer:
     def close(self):
         self.run.train_loader.close()
         self.run.logger.close()
+        self.run.engine.destroy()
         del self.run
         gc.collect()
         return_freed_memory()
@@ -282,6 +289,53 @@ def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     return rows
 
 
+def measure_loss(data, tmp, model, seq_len, largest, dtype, repeats):
+    """Issue 13's speed target: the fused loss at the micro-batch --micro_batch auto picks (budget: `largest`
+    sequences per step) no slower in tokens/s than the classic loss's best, each micro-batch one step."""
+    config, rows = ds_config_file(tmp, dtype), []
+    micro_batch = 1
+    while micro_batch <= largest:
+        classic = replace(trainer_settings(data, Path(tmp) / f"classic{micro_batch}", config, model, seq_len,
+                                           micro_batch, 1), loss="classic")
+        measured = tokens_per_second(classic, repeats)
+        rows.append(dict(model=model, dtype=dtype, loss="classic", micro_batch=micro_batch, grad_accum=1,
+                         tokens_per_s=measured, ratio_to_classic_best=None))
+        print_row(rows[-1], LOSS_COLUMNS)
+        if measured is None:  # out of memory: larger ones will not fit either
+            break
+        micro_batch *= 2
+    auto = replace(trainer_settings(data, Path(tmp) / "fused", config, model, seq_len, largest, 1), micro_batch="auto")
+    trainer = Trainer(auto)
+    seconds, = interleaved_seconds([trainer], repeats)
+    chosen, accumulation = trainer.settings.micro_batch, trainer.run.grad_accum
+    trainer.close()
+    best = max((r["tokens_per_s"] for r in rows if r["tokens_per_s"]), default=None)
+    rows.append(dict(model=model, dtype=dtype, loss="fused (auto)", micro_batch=chosen, grad_accum=accumulation,
+                     tokens_per_s=auto.total_batch_tokens / seconds,
+                     ratio_to_classic_best=auto.total_batch_tokens / seconds / best if best else None))
+    print_row(rows[-1], LOSS_COLUMNS)
+    return rows
+
+
+def tokens_per_second(settings, repeats):
+    """The trainer's tokens/s with these settings, or None if it runs out of memory (then freed)."""
+    trainer, result = None, None
+    try:
+        trainer = Trainer(settings)
+        seconds, = interleaved_seconds([trainer], repeats)
+        result = settings.total_batch_tokens / seconds
+    except Exception as error:  # noqa: BLE001 -- out-of-memory is an answer here; anything else is re-raised
+        if not is_out_of_memory(error):
+            raise
+    finally:
+        if trainer is not None:
+            trainer.close()
+        del trainer
+        gc.collect()
+        get_accelerator().empty_cache()
+    return result
+
+
 def measure_zero_stages(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     """2 ranks under the deepspeed launcher, one engine per stage in turn (this script as the worker)."""
     out = Path(tmp) / "zero.json"
@@ -369,6 +423,8 @@ ALLOCATOR_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}")
                      ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
 COMPILE_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("first_step_s", "{:.1f}"), ("eager_s", "{:.3f}"),
                    ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
+LOSS_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("loss", "{}"), ("micro_batch", "{}"), ("grad_accum", "{}"),
+                ("tokens_per_s", "{:.0f}"), ("ratio_to_classic_best", "{:.2f}")]
 
 
 def print_header(title, columns):
@@ -449,6 +505,10 @@ def main():
         if "compile" in sections:
             print_header(f"torch.compile (inductor, {DEVICE}): compile time and steady step time", COMPILE_COLUMNS)
             results["compile"] = measure_compile(data, tmp, *settings["compile"], dtypes, repeats)
+        if "loss" in sections:
+            print_header("fused loss at --micro_batch auto vs the classic loss's best micro-batch (tokens/s)",
+                         LOSS_COLUMNS)
+            results["loss"] = measure_loss(data, tmp, *settings["loss"], dtypes[-1], repeats)
     results["seconds"] = time.perf_counter() - started
     print(f"\n{results['seconds']:.0f} s")
     if args.json:

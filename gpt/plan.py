@@ -233,7 +233,7 @@ def device_memory_bytes(device_type):
 
 
 def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type, loss):
-    """(micro-batch, the plan as text) for --micro_batch auto on this machine's device, with the allocator
+    """(the plan, the plan as text) for --micro_batch auto on this machine's device, with the allocator
     setting the trainer runs with."""
     device_bytes, device = device_memory_bytes(device_type)
     allocator = ("expandable_segments" if expandable_segments() else "default") if device_type == "cuda" else "cpu"
@@ -242,17 +242,17 @@ def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens,
     if plan["micro_batch"] is None:
         raise PlanError(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
                         f"{total_batch_tokens} into seq_len {seq_len} x {world_size} rank(s)")
-    return plan["micro_batch"], format_plan(plan, f"--micro_batch auto on {device}")
+    return plan, format_plan(plan, f"--micro_batch auto on {device}")
 
 
 def resolve_auto_micro_batch(settings, world_size, device_type):
-    """--micro_batch auto: (the settings with the planner's micro-batch, the plan as text for the log)."""
+    """--micro_batch auto: (the settings with the planner's micro-batch, the plan, the plan as text)."""
     try:
-        micro_batch, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load(settings.ds_config),
+        plan, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load(settings.ds_config),
                                              world_size, settings.total_batch_tokens, device_type, settings.loss)
     except PlanError as e:
         raise ConfigError(f"--micro_batch auto: {e}") from None
-    return replace(settings, micro_batch=micro_batch), text
+    return replace(settings, micro_batch=plan["micro_batch"]), plan, text
 
 
 def format_plan(plan, label):

@@ -1,18 +1,18 @@
-"""The trainer, top-down: setup (check every setting, then join the process group) -> build (engine, data,
-guard, logger) -> resume -> fit (each step: train, log, the guard's verdict; then evaluate and save).
+"""The trainer, top-down: setup (check every setting, then join the process group) -> probe (--micro_batch
+auto on a GPU) -> build (engine, data, guard, logger) -> resume -> fit (each step: train, log, the guard's verdict; then evaluate and save).
 train_ds.py is its command line; bench/train.py drives the same steps one at a time.
 """
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from gpt import checkpoint, dist, hardware, hellaswag, memory
 from gpt import engine as ds_engine
-from gpt.config import ConfigError, Settings, resolve_defaults, validate
+from gpt.config import ConfigError, Settings, gradient_accumulation, resolve_defaults, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
@@ -22,6 +22,7 @@ from gpt.loss import fused_loss
 from gpt.metrics import MetricsLogger, peak_flops
 from gpt.model import GPT, GPTConfig
 from gpt.plan import resolve_auto_micro_batch
+from gpt.probe import dividing_sizes, probe_micro_batch
 from gpt.profiling import step_profiler
 from gpt.tokenizer import gpt2_tokenizer
 
@@ -40,6 +41,7 @@ class Setup:
     run_config: dict  # what this run's checkpoints record about it
     resume_from: Path | None
     hellaswag_examples: list
+    auto_plan: dict | None = None  # --micro_batch auto's plan, which probe() checks on a GPU
 
 
 @dataclass
@@ -96,9 +98,10 @@ def setup(settings):
         settings, notes = resolve_defaults(settings, device_type)
         for note in notes:
             print0(note)
+        auto_plan = None
         if settings.micro_batch == "auto":
-            settings, plan = resolve_auto_micro_batch(settings, world_size, device_type)
-            print0(plan)
+            settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
+            print0(text)
         ds_config, model_config, grad_accum = validate(settings, world_size)
         run_config = run_config_of(settings, ds_config, model_config, world_size)
         resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
@@ -120,19 +123,48 @@ def setup(settings):
     device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16")
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
-                 device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples)
+                 device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples,
+                 auto_plan=auto_plan)
+
+
+def new_model(setup):
+    """(the model with the loss the settings chose, the loss's name for the log); initial weights random."""
+    model = GPT(setup.model_config)
+    if setup.settings.loss == "fused":
+        model.loss_fn, loss_label = fused_loss(setup.device.type, precision(setup.ds_config))
+        return model, loss_label
+    return model, "full fp32 logits"
+
+
+def probe(setup):
+    """--micro_batch auto on a GPU: one real step at the planned micro-batch on a throwaway engine built as
+    build() builds the real one, smaller sizes bisected on out-of-memory (gpt/probe.py). Returns the setup
+    with the largest micro-batch that fits and divides the token budget. Eager even with --compile, whose
+    fused kernels need less memory, not more."""
+    settings, plan, world_size = setup.settings, setup.auto_plan, dist.world_size()
+    candidates = dividing_sizes(settings.total_batch_tokens, settings.seq_len, world_size, plan["micro_batch"])
+    probed = probe_micro_batch(
+        lambda micro_batch: ds_engine.initialize(new_model(setup)[0], setup.ds_config, micro_batch, 1,
+                                                 settings.optimizer),
+        candidates, settings.seq_len, setup.model_config.vocab_size, setup.device, log=print0)
+    torch.manual_seed(settings.seed)  # the probe drew random numbers: the same initial weights as without it
+    if probed is None:
+        fail(f"--micro_batch auto: even micro-batch {candidates[0]} runs out of memory on this GPU; use ZeRO-2, "
+             f"activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more GPUs")
+    settings = replace(settings, micro_batch=probed)
+    grad_accum = gradient_accumulation(settings, world_size)
+    print0(f"--micro_batch auto: planned {plan['micro_batch']} (largest fitting the plan: {plan['max_micro_batch']}), "
+           f"probed {probed}: micro_batch {probed} x grad_accum {grad_accum}")
+    return replace(setup, settings=settings, grad_accum=grad_accum,
+                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
 
 
 def build(setup):
     settings = setup.settings
-    model = GPT(setup.model_config)
+    model, loss_label = new_model(setup)
     if settings.init_from:
         model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
         print0(f"initial weights from {settings.init_from}")
-    if settings.loss == "fused":
-        model.loss_fn, loss_label = fused_loss(setup.device.type, precision(setup.ds_config))
-    else:
-        loss_label = "full fp32 logits"
     engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, settings.optimizer)
     if settings.compile:
         engine.compile()
@@ -303,9 +335,15 @@ def fit(run, start_step):
     run.logger.close()
 
 
+def prepare(settings):
+    """setup(), and on a GPU probe() for --micro_batch auto (on CPU the plan alone decides)."""
+    prepared = setup(settings)
+    return probe(prepared) if prepared.auto_plan and prepared.device.type != "cpu" else prepared
+
+
 def main(settings):
     """Train with these settings; exits non-zero with one message when the run cannot go on."""
-    prepared = setup(settings)
+    prepared = prepare(settings)
     run = build(prepared)
     start_step = resume(run, prepared.resume_from)
     try:

@@ -1,6 +1,7 @@
-"""Run by tests/test_plan.py under the deepspeed launcher: build a real engine, take two steps, and print
-(as JSON, from each rank) the bytes of every tensor the module and the optimizer own, deduplicated by
-storage, next to the planner's resident model states for the same setting."""
+"""Run by tests/test_plan.py under the deepspeed launcher: for each setting named on the command line
+(config:stage:precision), build a real engine, take two steps, and print (as JSON, from each rank) the bytes
+of every tensor the module and the optimizer own, deduplicated by storage, next to the planner's resident
+model states for the same setting. One launch for all settings: a launch costs more than an engine."""
 import json
 import sys
 from pathlib import Path
@@ -16,14 +17,11 @@ from gpt.optim import OptimizerSettings
 from gpt.plan import resident_model_state_bytes
 
 
-def main():
-    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
-    config_path, stage, fp32 = argv[0], int(argv[1]), argv[2] == "fp32"
+def measure(config_path, stage, fp32, device):
     config = json.loads(Path(config_path).read_text())
-    device = gpt_dist.setup_distributed(allow_cpu_fp16="fp16" in config)
     config["zero_optimization"]["stage"] = stage
     if fp32:
-        config.pop("bf16", None), config.pop("data_types", None)
+        config.pop("bf16", None), config.pop("fp16", None), config.pop("data_types", None)
     world = gpt_dist.world_size()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=1024))
@@ -36,8 +34,18 @@ def main():
         engine.backward(loss)
         engine.step()
     planned = resident_model_state_bytes(n_params, precision(config), stage, world, config)
-    print("ENGINE_MEMORY " + json.dumps({"rank": gpt_dist.rank(), "optimizer": type(engine.optimizer).__name__,
-                                         "owned": engine_state_bytes(engine), "planned": planned}), flush=True)
+    report = {"setting": f"{config_path}:{stage}:{'fp32' if fp32 else precision(config)}", "rank": gpt_dist.rank(),
+              "optimizer": type(engine.optimizer).__name__, "owned": engine_state_bytes(engine), "planned": planned}
+    engine.destroy()
+    return report
+
+
+def main():
+    settings = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
+    device = gpt_dist.setup_distributed(allow_cpu_fp16=True)
+    for setting in settings:
+        config_path, stage, kind = setting.split(":")
+        print("ENGINE_MEMORY " + json.dumps(measure(config_path, int(stage), kind == "fp32", device)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""bench/train.py --smoke runs end to end (the overhead, ZeRO and checkpointing sections once, on the tiny
+"""bench/train.py --smoke runs end to end (the overhead, ZeRO, checkpointing and loss sections once, on the tiny
 model; on a GPU too) and what it measures is consistent: timings are not asserted (machines are noisy),
 byte counts are, and so are which bf16 rows run or are skipped and why."""
 import json
@@ -52,6 +52,10 @@ def test_bench_smoke_run_measures_every_section(tmp_path, cpu):
     for row in results["zero"]:  # the engine's real model states, per rank, equal the planner's
         assert row["state_bytes_rank0"] == row["state_bytes_rank1"]
         assert 0 <= row["state_bytes_rank0"] - row["planned_bytes"] <= 16, row
+    # the classic loss at micro-batches 1 and 2, then the fused loss at --micro_batch auto's choice (the plan on CPU)
+    assert [(r["loss"], r["micro_batch"], r["grad_accum"]) for r in results["loss"]] == [
+        ("classic", 1, 1), ("classic", 2, 1), ("fused (auto)", 2, 1)]
+    assert all(r["tokens_per_s"] > 0 for r in results["loss"]) and results["loss"][-1]["ratio_to_classic_best"] > 0
 
 
 @pytest.mark.gpu

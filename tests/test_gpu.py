@@ -86,6 +86,11 @@ def test_micro_batch_auto_fills_the_gpu(tmp_path, shakespeare_dir):
     micro, accum = map(int, chosen.groups())
     assert micro >= 8 and micro * accum * 1024 == 524288  # d12 in bf16 on a >= 32 GB GPU
     assert [r["step"] for r in steps(records)] == [0, 1]
+    # the plan was checked by a real step (gpt/probe.py): the last probe that fitted is the chosen size
+    probes = re.findall(r"probe at micro-batch (\d+): (fits|out of memory)", proc.stdout)
+    assert probes and max(int(size) for size, verdict in probes if verdict == "fits") == micro, proc.stdout[-3000:]
+    assert f"probed {micro}: micro_batch {micro} x grad_accum {accum}" in proc.stdout
+    assert all(r["peak_reserved_gib"] < torch.cuda.get_device_properties(0).total_memory / 2**30 for r in steps(records))
 
 
 def test_fused_adam_builds_with_an_arch_suffixed_torch_cuda_arch_list(tmp_path, shakespeare_dir, monkeypatch):

@@ -4,7 +4,6 @@ behaves; bad input is a clear error."""
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -37,17 +36,20 @@ def test_zero_paper_example_7_5b_on_64_gpus():
     assert gigabytes == [120.0, 31.4, 16.6]
 
 
-@pytest.mark.parametrize("config,stage,precision", [
-    ("zero1_bf16.json", 0, "fp32"), ("zero1_bf16.json", 1, "fp32"), ("zero1_bf16.json", 2, "fp32"),
-    ("zero1_bf16.json", 1, "bf16"), ("zero2_bf16.json", 2, "bf16"), ("zero1_fp16.json", 1, "fp16"),
-])
-def test_resident_model_states_equal_what_a_two_rank_engine_holds(config, stage, precision):
+ENGINE_SETTINGS = ["zero1_bf16.json:0:fp32", "zero1_bf16.json:1:fp32", "zero1_bf16.json:2:fp32", "zero1_bf16.json:1:bf16",
+                   "zero2_bf16.json:2:bf16", "zero1_fp16.json:1:fp16"]
+
+
+def test_resident_model_states_equal_what_a_two_rank_engine_holds():
+    """ZeRO 0/1/2 in fp32, bf16 (BF16_Optimizer and ZeRO-2) and fp16, on 2 ranks, one launch for all."""
     proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "tests/engine_memory.py",
-                           f"ds_configs/{config}", str(stage), precision], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+                           *(f"ds_configs/{setting}" for setting in ENGINE_SETTINGS)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
     # the two ranks print concurrently, so their lines may interleave: find the JSON objects, not lines
     reports = [json.loads(found) for found in re.findall(r"ENGINE_MEMORY (\{[^}]*\})", proc.stdout)]
-    assert len(reports) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert sorted(r["setting"] for r in reports) == sorted(f"ds_configs/{s}" for s in 2 * ENGINE_SETTINGS), \
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert {r["optimizer"] for r in reports} >= {"BF16_Optimizer", "DeepSpeedZeroOptimizer"}
     for report in reports:
         # equal to the byte but for the optimizer's own scalars (grad-norm and overflow flags, 4 bytes each)
         assert 0 <= report["owned"] - report["planned"] <= 16, report
@@ -121,35 +123,51 @@ def test_plan_fits_and_reaches_the_token_budget():
     assert set(MODEL_STATE_PARTS) - {"fp32_gradients"} <= set(plan["bytes"])
 
 
-def gpt_plan(*args):
-    return subprocess.run([sys.executable, "-m", "gpt.plan", *args], cwd=REPO, capture_output=True, text=True)
+def gpt_plan(capsys, *args):
+    """gpt-plan in this process, where the activation fits are cached across tests: (exit code, stdout,
+    stderr as the console would show them)."""
+    from gpt.plan import main
+    code, message = 0, ""
+    try:
+        main(list(args))
+    except SystemExit as exit:  # sys.exit("error: ...") prints its message and exits 1
+        code, message = (1, exit.code + "\n") if isinstance(exit.code, str) else (exit.code, "")
+    out = capsys.readouterr()
+    return code, out.out, out.err + message
 
 
-def test_cli_json_and_errors():
-    proc = gpt_plan("--model", "d12", "--seq_len", "1024", "--ds_config", "ds_configs/zero1_bf16.json",
-                    "--gpu", "a800-80gb", "--world_size", "8", "--json")
-    plan = json.loads(proc.stdout)
+def test_cli_json_and_errors(capsys):
+    code, out, _ = gpt_plan(capsys, "--model", "d12", "--seq_len", "1024", "--ds_config", "ds_configs/zero1_bf16.json",
+                            "--gpu", "a800-80gb", "--world_size", "8", "--json")
+    plan = json.loads(out)
     assert {"max_micro_batch", "total_bytes", "gpu_bytes", "bytes"} <= set(plan) and plan["gpu_bytes"] == GPUS["a800-80gb"]
     assert plan["loss"] == "fused" and plan["allocator"] == "expandable_segments"  # the trainer's defaults
-    proc = gpt_plan("--gpu", "tpu-v9")
-    assert proc.returncode == 2 and "invalid choice: 'tpu-v9'" in proc.stderr
-    proc = gpt_plan("--model", "d48", "--ds_config", "ds_configs/zero1_bf16.json", "--gpu", "v100-16gb",
-                    "--world_size", "1")
-    assert proc.returncode == 1 and proc.stderr.startswith("error: even micro-batch 1 needs 3")
-    assert "use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory" in proc.stderr
-    proc = gpt_plan("--model", "d12")
-    assert proc.returncode == 1 and proc.stderr.startswith("error: give --gpu (one of a100-40gb")
+    code, _, err = gpt_plan(capsys, "--gpu", "tpu-v9")
+    assert code == 2 and "invalid choice: 'tpu-v9'" in err
+    code, _, err = gpt_plan(capsys, "--model", "d48", "--ds_config", "ds_configs/zero1_bf16.json", "--gpu", "v100-16gb",
+                            "--world_size", "1")
+    assert code == 1 and err.startswith("error: even micro-batch 1 needs 3")
+    assert "use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory" in err
+    code, _, err = gpt_plan(capsys, "--model", "d12")
+    assert code == 1 and err.startswith("error: give --gpu (one of a100-40gb")
     with pytest.raises(PlanError):
         plan_for("zero1_bf16.json", 0.5)
 
 
-def test_readme_table_is_what_the_report_command_prints():
-    proc = subprocess.run([sys.executable, "bench/batch_report.py"], cwd=REPO, capture_output=True, text=True, check=True)
-    table = proc.stdout.strip()
-    assert table.count("\n") == 33 and table in (REPO / "README.md").read_text()
+def batch_report():
+    """bench/batch_report.py as a module (bench/ is scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("batch_report", REPO / "bench" / "batch_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_report_writes_the_chart(tmp_path):
-    subprocess.run([sys.executable, "bench/batch_report.py", "--chart", str(tmp_path / "chart.png")], cwd=REPO,
-                   check=True, capture_output=True)
+def test_readme_table_and_chart_are_what_the_report_gives(tmp_path):
+    report = batch_report()
+    table = list(report.rows())
+    markdown = report.markdown(table)
+    assert markdown.count("\n") == 33 and markdown in (REPO / "README.md").read_text()
+    assert all(met for *_, met in report.targets()), report.targets()  # issue 13's planned targets for d12
+    report.chart(table, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,45 @@
+"""Run by tests/test_probe.py under the deepspeed launcher (2 CPU ranks): the trainer's own setup -> probe ->
+build -> one step with --micro_batch auto, the probe called directly (the trainer probes only on a GPU) and
+the fused loss running out of memory above LIMITS[rank] sequences: a GPU allocator's limit, simulated.
+Prints one JSON line per rank."""
+import json
+import os
+import sys
+
+import torch
+
+from gpt import trainer
+from gpt.config import parse
+from gpt.model import GPT
+
+LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forward pass
+
+
+def main():
+    settings = parse([a for a in sys.argv[1:] if not a.startswith("--local_rank")])  # the launcher adds it
+    limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], trainer.fused_loss
+
+    def limited_fused_loss(device_type, precision):
+        loss_fn, label = real_fused_loss(device_type, precision)
+
+        def limited(hidden, weight, targets):
+            if hidden.shape[0] > limit * settings.seq_len:
+                raise torch.OutOfMemoryError(f"simulated: over {limit} sequences")
+            return loss_fn(hidden, weight, targets)
+        return limited, label
+
+    trainer.fused_loss = limited_fused_loss
+    prepared = trainer.setup(settings)
+    planned = prepared.settings.micro_batch
+    run = trainer.build(trainer.probe(prepared))
+    torch.manual_seed(settings.seed)
+    unprobed_weights = GPT(prepared.model_config).state_dict()
+    same_init = all(torch.equal(unprobed_weights[k], v) for k, v in run.model.state_dict().items())
+    loss = trainer.optimizer_step(run, 0)
+    print(json.dumps({"rank": run.engine.global_rank, "planned": planned, "micro_batch": run.settings.micro_batch,
+                      "grad_accum": run.grad_accum, "engine_micro_batch": run.engine.train_micro_batch_size_per_gpu(),
+                      "same_init": same_init, "loss": loss}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
