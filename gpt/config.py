@@ -63,6 +63,7 @@ class Settings:
     deterministic: bool
     profile: int
     cpu_fp16: bool
+    collective_timeout: float
     local_rank: int
 
     @property
@@ -135,6 +136,9 @@ def build_parser():
     p.add_argument("--cpu_fp16", action="store_true",
                    help="let fp16 configs run on the CPU accelerator (testing the loss-scaling path); "
                         "refused on GPUs")
+    p.add_argument("--collective_timeout", type=float, default=600, metavar="SECONDS",
+                   help="how long a rank waits in a collective (all-reduce, barrier) for the others before it fails "
+                        "with an error: a node that died stops the survivors after this (DeepSpeed's default: 600)")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                    help="set by the deepspeed launcher")
     return p
@@ -210,6 +214,8 @@ def validate(settings, world_size):
     for name in ("seq_len", "micro_batch", "total_batch_tokens", "max_steps"):
         if getattr(settings, name) <= 0:
             problems.append(f"--{name} must be positive (got {getattr(settings, name)})")
+    if not settings.collective_timeout > 0:  # also NaN
+        problems.append(f"--collective_timeout must be a positive number of seconds (got {settings.collective_timeout})")
     if settings.profile < 0:
         problems.append(f"--profile must be >= 0 (got {settings.profile})")
     elif settings.max_steps < profiled_steps_needed(settings.profile):

@@ -3,6 +3,7 @@ a mean over ranks, a free port; and the CPU host fixes a CPU run needs (glibc ma
 /dev/shm buffer, fp16 on the CPU accelerator)."""
 import atexit
 import ctypes
+import datetime
 import os
 import socket
 from pathlib import Path
@@ -47,9 +48,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def setup_distributed(allow_cpu_fp16=False):
+def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     """Join the process group (NCCL on GPUs, gloo on CPU) and return this rank's device. A plain
-    `python train_ds.py` becomes a one-rank group, so the same code path serves every launch."""
+    `python train_ds.py` becomes a one-rank group, so the same code path serves every launch. A collective
+    that waits longer than timeout_s for another rank (one that died) fails instead of hanging."""
     if "RANK" not in os.environ:  # no launcher: a single local process
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -66,7 +68,8 @@ def setup_distributed(allow_cpu_fp16=False):
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
+                               timeout=datetime.timedelta(seconds=timeout_s))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accelerator.set_device(local_rank)
     return torch.device(accelerator.device_name(local_rank))
@@ -113,6 +116,14 @@ def enable_cpu_fp16():
     if accelerator.device_name() != "cpu":
         raise SystemExit(f"error: --cpu_fp16 is only for the CPU accelerator, not {accelerator.device_name()}")
     accelerator.is_fp16_supported = lambda: True
+
+
+def lost_a_rank(error):
+    """Whether a collective failed because another rank is gone or stuck: torch's distributed errors
+    (NCCL, the store, timeouts), and gloo's RuntimeErrors when a peer's connection closed."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and (
+        "gloo" in text and ("Connection" in text or "Timed out" in text or "timed out" in text)))
 
 
 def mean_over_ranks(tensor):

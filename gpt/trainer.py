@@ -2,7 +2,6 @@
 auto on a GPU) -> build (engine, data, guard, logger) -> resume -> fit (each step: train, log, the guard's verdict; then evaluate and save).
 train_ds.py is its command line; bench/train.py drives the same steps one at a time.
 """
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -24,6 +23,7 @@ from gpt.model import GPT, GPTConfig
 from gpt.plan import resolve_auto_micro_batch
 from gpt.probe import dividing_sizes, probe_micro_batch
 from gpt.profiling import step_profiler
+from gpt.stop import StopRequest
 from gpt.tokenizer import gpt2_tokenizer
 
 SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
@@ -74,9 +74,12 @@ def print0(*args, **kwargs):
         print(*args, **kwargs, flush=True)
 
 
-def fail(message, code=2):
-    """One clear message (from rank 0) and a non-zero exit, on every rank."""
-    if dist.launched_rank() == 0:
+def fail(message, code=2, every_rank=False):
+    """One clear message (from rank 0, or from each rank, prefixed, when ranks fail apart) and a non-zero
+    exit, on every rank."""
+    if every_rank and dist.launched_world_size() > 1:
+        message = f"[rank {dist.launched_rank()}] {message}"
+    if every_rank or dist.launched_rank() == 0:
         print(f"error: {message}".replace("\n", "\nerror: "), file=sys.stderr, flush=True)
     sys.exit(code)
 
@@ -120,7 +123,8 @@ def setup(settings):
             print(warning, file=sys.stderr, flush=True)
     if settings.deterministic:
         hardware.make_deterministic(device_type)
-    device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16")
+    device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16",
+                                    timeout_s=settings.collective_timeout)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
                  device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples,
@@ -271,22 +275,6 @@ def optimizer_step(run, step):
     return loss
 
 
-class StopRequest:
-    """SIGTERM/SIGINT: finish the current step, save, exit 0. Any rank's signal stops every rank."""
-
-    def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = signal.Signals(signum).name
-
-    def agreed(self, device):
-        flag = torch.tensor(float(bool(self.requested)), device=device)
-        return dist.mean_over_ranks(flag).item() > 0
-
-
 def save(run, step):
     settings = run.settings
     client_state = {"step": step, "tokens": (step + 1) * settings.total_batch_tokens,
@@ -341,18 +329,24 @@ def prepare(settings):
     return probe(prepared) if prepared.auto_plan and prepared.device.type != "cpu" else prepared
 
 
+def last_good_checkpoint(settings):
+    tags = checkpoint.complete_tags(checkpoint.checkpoint_dir(settings.out_dir))
+    return checkpoint.checkpoint_dir(settings.out_dir) / tags[-1] if tags else "none"
+
+
 def main(settings):
     """Train with these settings; exits non-zero with one message when the run cannot go on."""
     prepared = prepare(settings)
-    run = build(prepared)
-    start_step = resume(run, prepared.resume_from)
     try:
-        fit(run, start_step)
+        run = build(prepared)
+        fit(run, resume(run, prepared.resume_from))
     except StopTraining as e:
-        tags = checkpoint.complete_tags(checkpoint.checkpoint_dir(settings.out_dir))
-        fail(f"stopping: {e}. Last good checkpoint: "
-             f"{checkpoint.checkpoint_dir(settings.out_dir) / tags[-1] if tags else 'none'}", code=1)
+        fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1)
     except Exception as e:
+        if dist.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
+            fail(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "
+                 f"Relaunch the whole job with --resume auto; last good checkpoint: "
+                 f"{last_good_checkpoint(settings)}", code=1, every_rank=True)
         if LOSS_SCALE_AT_MINIMUM not in str(e):
             raise
         fail("fp16 loss scale fell to its minimum: gradients keep overflowing. Remedies: train in bf16 "

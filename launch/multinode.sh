@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Several nodes through DeepSpeed's launcher (pdsh over ssh). A hostfile lists one node per line with its
-# GPU count, e.g.
+# Several nodes through DeepSpeed's launcher. A hostfile lists every node with its GPU count, e.g.
 #     node1 slots=8
 #     node2 slots=8
-# Every node needs the repo and the data at the same path and passwordless ssh from this node.
+# and every node needs the repo and the data at the same path. Two ways to start the job:
+#   over ssh (pdsh), from node1, with passwordless ssh to every node:
+#       bash launch/multinode.sh
+#   one command per node, no ssh (as in tests/test_multinode.py, two nodes on one machine):
+#       NODE_RANK=0 MASTER_ADDR=node1 bash launch/multinode.sh      # on node1
+#       NODE_RANK=1 MASTER_ADDR=node1 bash launch/multinode.sh      # on node2
+# Extra arguments go to train_ds.py (the last of a repeated flag wins). The run resumes from the newest
+# complete checkpoint in its out_dir, so the same command relaunches a job after a node died (the survivors
+# exit with an error after --collective_timeout) or after a SIGTERM to any launcher (a checkpoint, exit 0).
+# With DS_ACCELERATOR=cpu the GPU check is skipped (CPU ranks, for the tests).
 # 524288 tokens/step on 16 GPUs x micro 32 x 1024 = 1 accumulation step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source launch/require_gpus.sh
-python -m gpt.plan --model d12 --seq_len 1024 --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" \
-  --gpu "${GPU_PLAN:-a800-80gb}" --world_size "${WORLD_SIZE:-16}"
-require_gpus "${GPU_NAME:-A800}" "${GPU_GB:-80}"
-deepspeed --hostfile "${HOSTFILE:-hostfile}" --master_addr "${MASTER_ADDR:-$(hostname)}" --master_port 29500 \
-  train_ds.py --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model d12 --micro_batch auto \
-  --data "${DATA:-data/fineweb10B}" --out_dir runs/multinode_d12 "$@"
+if [ "${DS_ACCELERATOR:-}" != cpu ]; then
+  source launch/require_gpus.sh
+  require_gpus "${GPU_NAME:-A800}" "${GPU_GB:-80}"
+fi
+launcher=(deepspeed --hostfile "${HOSTFILE:-hostfile}" --master_port "${MASTER_PORT:-29500}")
+if [ -n "${NODE_RANK:-}" ]; then
+  launcher+=(--no_ssh --node_rank "$NODE_RANK" --master_addr "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}")
+else
+  launcher+=(--master_addr "${MASTER_ADDR:-$(hostname)}")
+fi
+# exec: this script's PID is the launcher's, so a SIGTERM to it reaches the launcher (gpt/stop.py)
+exec "${launcher[@]}" train_ds.py --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model d12 \
+  --micro_batch auto --data "${DATA:-data/fineweb10B}" --out_dir "${OUT_DIR:-runs/multinode_d12}" --resume auto "$@"

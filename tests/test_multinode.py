@@ -1,0 +1,136 @@
+"""Several nodes on one machine: two launchers of launch/multinode.sh (DeepSpeed's launcher without ssh,
+one command per node), one CPU rank each, and launch/slurm.sbatch under a faked Slurm. Two nodes give one
+node's losses step for step; a SIGTERM to one launcher's PID saves and stops both nodes and the relaunch
+continues exactly; a SIGKILLed node makes the survivor exit with one line, and the relaunch continues from
+the last complete checkpoint, never from one left half-written."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, TINY, free_port, train
+from gpt import checkpoint
+
+ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
+
+
+@pytest.fixture(scope="module")
+def one_node(shakespeare_dir, tmp_path_factory):
+    """{step: loss} of the same run on one node with 2 ranks."""
+    records, _ = train(tmp_path_factory.mktemp("one_node"), shakespeare_dir, *ARGS, ranks=2)
+    return losses(records)
+
+
+def losses(records):
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def node_env(tmp_path, data, port, node_rank, hostnames=("node0", "node1")):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{host} slots=1\n" for host in hostnames))
+    return {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "HOSTFILE": str(hostfile),
+            "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DATA": str(data),
+            "OUT_DIR": str(tmp_path / "out")}
+
+
+def start_nodes(tmp_path, data, script="launch/multinode.sh", envs=None):
+    """Both nodes' launchers, each in its own session (as on two machines); stdout and stderr merged."""
+    port = free_port()
+    envs = envs or [node_env(tmp_path, data, port, rank) for rank in (0, 1)]
+    return [subprocess.Popen(["bash", script, *ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True) for env in envs]
+
+
+def read_until(node, prefix):
+    """Node 0's output up to and including the first line starting with prefix."""
+    lines = []
+    for line in node.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return "".join(lines)
+    raise AssertionError("".join(lines)[-3000:])
+
+
+def finish(nodes, timeout=180):
+    """Each node's (exit code, output, seconds until it exited); any node still running is killed."""
+    started, results = time.monotonic(), []
+    try:
+        for node in nodes:
+            output = node.stdout.read()
+            results.append((node.wait(timeout=timeout), output, time.monotonic() - started))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    return results
+
+
+def metrics(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_nodes_equal_one_node_and_a_sigterm_to_a_launcher_saves_both_and_the_relaunch_continues_exactly(
+        tmp_path, shakespeare_dir, one_node):
+    nodes = start_nodes(tmp_path, shakespeare_dir)
+    before = read_until(nodes[0], "step     5 |")
+    nodes[0].send_signal(signal.SIGTERM)  # the launcher's PID alone, as `kill PID` and container runtimes do
+    (code0, out0, seconds), (code1, out1, _) = finish(nodes)
+    assert code0 == -signal.SIGTERM and code1 == 0, out0[-2000:] + out1[-2000:]
+    assert "stopped by its launcher exiting" in out0 and seconds < 60
+    assert "2 rank(s) x micro_batch 4" in before
+    newest = checkpoint.find_checkpoint("auto", tmp_path / "out")
+    assert {p.name for p in newest.iterdir()} >= {"rng_rank00000.pt", "rng_rank00001.pt",  # every rank of both nodes
+                                                  "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                                  "zero_pp_rank_1_mp_rank_00_optim_states.pt", "complete.json"}
+    stopped_at = int(newest.name.split("_")[1])
+    assert 5 <= stopped_at < 11
+    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir))  # the same command again
+    assert code0 == code1 == 0 and f"at step {stopped_at + 1}" in out0, out0[-3000:]
+    assert losses(metrics(tmp_path)) == one_node  # 2 nodes = 1 node, and the resume exact: equality
+
+
+def test_a_killed_node_stops_the_survivor_with_one_line_and_the_relaunch_continues(tmp_path, shakespeare_dir,
+                                                                                   one_node):
+    nodes = start_nodes(tmp_path, shakespeare_dir)
+    read_until(nodes[0], "step     6 |")  # the checkpoint of step 3 is complete
+    os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
+    (code0, out0, seconds), (code1, _, _) = finish(nodes)
+    assert code0 != 0 and code1 == -signal.SIGKILL
+    assert seconds < 60, f"the survivor took {seconds:.0f} s to exit"  # gloo sees the peer's socket close
+    assert "error: [rank 0] lost contact with another rank" in out0 and "Traceback" not in out0, out0[-3000:]
+    ckpt = tmp_path / "out" / "checkpoints"
+    newest = checkpoint.find_checkpoint("auto", tmp_path / "out")
+    # a checkpoint that was being written when the node died: files there, no completion marker
+    half_written = ckpt / f"step_{int(newest.name.split('_')[1]) + 4:08d}"
+    shutil.copytree(newest, half_written, ignore=shutil.ignore_patterns("complete.json", "rng_rank00001.pt"))
+    (ckpt / "latest").write_text(half_written.name)
+    assert checkpoint.find_checkpoint("auto", tmp_path / "out") == newest
+    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir))
+    assert code0 == code1 == 0 and f"resumed from {newest}" in out0, out0[-3000:]
+    assert losses(metrics(tmp_path)) == one_node  # the relaunch's steps (logged last) continue exactly
+
+
+def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare_dir, one_node):
+    """launch/slurm.sbatch's per-node body, as srun would start it on each node: SLURM_* variables, and a
+    scontrol that expands the node list (to two loopback addresses: the first is the master)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "127.0.0.1\\n127.0.0.2\\n"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    port = free_port()
+    envs = [{**node_env(tmp_path, shakespeare_dir, port, 0), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "dsgpt-[01-02]", "SLURM_NNODES": "2",
+             "SLURM_NODEID": str(rank), "SLURM_PROCID": str(rank), "SLURM_GPUS_ON_NODE": "1",
+             "SLURM_SUBMIT_DIR": str(REPO)} for rank in (0, 1)]
+    for env in envs:
+        for name in ("HOSTFILE", "NODE_RANK", "MASTER_ADDR"):  # the script derives these
+            env.pop(name)
+    (code0, out0, _), (code1, out1, _) = finish(start_nodes(tmp_path, shakespeare_dir, "launch/slurm.sbatch", envs))
+    assert code0 == code1 == 0, out0[-3000:] + out1[-2000:]
+    assert "nnodes=2, num_local_procs=1, node_rank=1" in out1
+    assert "--master_addr=127.0.0.1" in out0
+    assert losses(metrics(tmp_path)) == one_node
