@@ -1,5 +1,7 @@
 """Several nodes on one machine: two launchers of launch/multinode.sh (DeepSpeed's launcher without ssh,
-one command per node), one CPU rank each, and launch/slurm.sbatch under a faked Slurm. Two nodes give one
+one command per node), one CPU rank each, each node in its own network namespace joined to the other by a
+veth pair where the test may create them (root; else over loopback), and launch/slurm.sbatch under a faked
+Slurm. Two nodes give one
 node's losses step for step; a SIGTERM to one launcher's PID saves and stops both nodes and the relaunch
 continues exactly; a SIGKILLed node makes the survivor exit with one line, and the relaunch continues from
 the last complete checkpoint, never from one left half-written."""
@@ -16,6 +18,33 @@ from conftest import REPO, TINY, free_port, train
 from gpt import checkpoint
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
+
+
+@pytest.fixture(scope="module")
+def network():
+    """[(command prefix, master address, extra environment) per node]: each node in its own network namespace,
+    the two joined by a veth pair (10.231.0.1 and .2, reachable only from inside them), where this process may
+    create namespaces; else both on this machine's loopback."""
+    tag = f"dsgpt{os.getpid() % 100000}"
+    spaces, links, master = [f"{tag}n0", f"{tag}n1"], [f"{tag}a", f"{tag}b"], "10.231.0.1"
+    setup = [["ip", "netns", "add", spaces[0]], ["ip", "netns", "add", spaces[1]],
+             ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+    for i in (0, 1):
+        setup += [["ip", "link", "set", links[i], "netns", spaces[i]],
+                  ["ip", "-n", spaces[i], "addr", "add", f"10.231.0.{i + 1}/24", "dev", links[i]],
+                  ["ip", "-n", spaces[i], "link", "set", links[i], "up"], ["ip", "-n", spaces[i], "link", "set", "lo", "up"]]
+    try:
+        for command in setup:
+            subprocess.run(command, check=True, capture_output=True)
+        subprocess.run(["ip", "netns", "exec", spaces[1], "ping", "-c", "1", "-W", "2", master], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        yield [([], "127.0.0.1", {}), ([], "127.0.0.1", {})]
+    else:
+        yield [(["ip", "netns", "exec", spaces[i]], master, {"GLOO_SOCKET_IFNAME": links[i]}) for i in (0, 1)]
+    finally:
+        for space in spaces:  # deleting a namespace deletes its end of the veth pair, and so the pair
+            subprocess.run(["ip", "netns", "del", space], capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +66,16 @@ def node_env(tmp_path, data, port, node_rank, hostnames=("node0", "node1")):
             "OUT_DIR": str(tmp_path / "out")}
 
 
-def start_nodes(tmp_path, data, script="launch/multinode.sh", envs=None):
-    """Both nodes' launchers, each in its own session (as on two machines); stdout and stderr merged."""
+def start_nodes(tmp_path, data, network=None, script="launch/multinode.sh", envs=None):
+    """Both nodes' launchers, each in its own session (as on two machines) and, with `network`, in its
+    network namespace; stdout and stderr merged."""
     port = free_port()
-    envs = envs or [node_env(tmp_path, data, port, rank) for rank in (0, 1)]
-    return [subprocess.Popen(["bash", script, *ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True) for env in envs]
+    network = network or [([], "127.0.0.1", {})] * 2
+    envs = envs or [{**node_env(tmp_path, data, port, rank), "MASTER_ADDR": network[rank][1], **network[rank][2]}
+                    for rank in (0, 1)]
+    return [subprocess.Popen([*prefix, "bash", script, *ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            for (prefix, _, _), env in zip(network, envs)]
 
 
 def read_until(node, prefix):
@@ -74,28 +107,29 @@ def metrics(tmp_path):
 
 
 def test_two_nodes_equal_one_node_and_a_sigterm_to_a_launcher_saves_both_and_the_relaunch_continues_exactly(
-        tmp_path, shakespeare_dir, one_node):
-    nodes = start_nodes(tmp_path, shakespeare_dir)
+        tmp_path, shakespeare_dir, one_node, network):
+    nodes = start_nodes(tmp_path, shakespeare_dir, network)
     before = read_until(nodes[0], "step     5 |")
     nodes[0].send_signal(signal.SIGTERM)  # the launcher's PID alone, as `kill PID` and container runtimes do
     (code0, out0, seconds), (code1, out1, _) = finish(nodes)
     assert code0 == -signal.SIGTERM and code1 == 0, out0[-2000:] + out1[-2000:]
     assert "stopped by its launcher exiting" in out0 and seconds < 60
     assert "2 rank(s) x micro_batch 4" in before
+    assert f"--master_addr={network[0][1]}" in before  # over the veth pair where namespaces could be made
     newest = checkpoint.find_checkpoint("auto", tmp_path / "out")
     assert {p.name for p in newest.iterdir()} >= {"rng_rank00000.pt", "rng_rank00001.pt",  # every rank of both nodes
                                                   "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                                                   "zero_pp_rank_1_mp_rank_00_optim_states.pt", "complete.json"}
     stopped_at = int(newest.name.split("_")[1])
     assert 5 <= stopped_at < 11
-    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir))  # the same command again
+    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir, network))  # the same again
     assert code0 == code1 == 0 and f"at step {stopped_at + 1}" in out0, out0[-3000:]
     assert losses(metrics(tmp_path)) == one_node  # 2 nodes = 1 node, and the resume exact: equality
 
 
 def test_a_killed_node_stops_the_survivor_with_one_line_and_the_relaunch_continues(tmp_path, shakespeare_dir,
-                                                                                   one_node):
-    nodes = start_nodes(tmp_path, shakespeare_dir)
+                                                                                   one_node, network):
+    nodes = start_nodes(tmp_path, shakespeare_dir, network)
     read_until(nodes[0], "step     6 |")  # the checkpoint of step 3 is complete
     os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
     (code0, out0, seconds), (code1, _, _) = finish(nodes)
@@ -109,7 +143,7 @@ def test_a_killed_node_stops_the_survivor_with_one_line_and_the_relaunch_continu
     shutil.copytree(newest, half_written, ignore=shutil.ignore_patterns("complete.json", "rng_rank00001.pt"))
     (ckpt / "latest").write_text(half_written.name)
     assert checkpoint.find_checkpoint("auto", tmp_path / "out") == newest
-    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir))
+    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir, network))
     assert code0 == code1 == 0 and f"resumed from {newest}" in out0, out0[-3000:]
     assert losses(metrics(tmp_path)) == one_node  # the relaunch's steps (logged last) continue exactly
 
@@ -129,7 +163,7 @@ def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare
     for env in envs:
         for name in ("HOSTFILE", "NODE_RANK", "MASTER_ADDR"):  # the script derives these
             env.pop(name)
-    (code0, out0, _), (code1, out1, _) = finish(start_nodes(tmp_path, shakespeare_dir, "launch/slurm.sbatch", envs))
+    (code0, out0, _), (code1, out1, _) = finish(start_nodes(tmp_path, shakespeare_dir, script="launch/slurm.sbatch", envs=envs))
     assert code0 == code1 == 0, out0[-3000:] + out1[-2000:]
     assert "nnodes=2, num_local_procs=1, node_rank=1" in out1
     assert "--master_addr=127.0.0.1" in out0
