@@ -122,6 +122,21 @@ def find_checkpoint(resume, out_dir):
     raise CheckpointError(f"{path}: no complete checkpoint found")
 
 
+def check_fresh_out_dir(out_dir):
+    """A run without --resume must not write into an earlier run's out_dir: its checkpoints would be
+    overwritten step by step (and `latest` moved) and metrics.jsonl would mix the two runs."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CheckpointError(f"--out_dir {out_dir} is a file, not a directory")
+    steps = sorted(p.name for p in checkpoint_dir(out_dir).glob("step_*")) if checkpoint_dir(out_dir).is_dir() else []
+    metrics = out_dir / "metrics.jsonl"
+    held = ([f"checkpoints up to {steps[-1]}"] if steps else []) + (
+        ["metrics.jsonl"] if metrics.is_file() and metrics.stat().st_size else [])
+    if held:
+        raise CheckpointError(f"--out_dir {out_dir} holds an earlier run ({' and '.join(held)}): continue it with "
+                              f"--resume auto, or start afresh with another --out_dir")
+
+
 def read_run_config(path):
     try:
         return json.loads((Path(path) / RUN_CONFIG).read_text())

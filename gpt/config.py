@@ -5,6 +5,7 @@ Derived values (model shape, gradient accumulation) are computed here, once, bef
 or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
 """
 import argparse
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -193,10 +194,42 @@ def gradient_accumulation(settings, world_size):
     return settings.total_batch_tokens // tokens_per_micro_step
 
 
+# Numeric flags and the least each may be: (name, minimum, whether the minimum itself is allowed).
+NUMBER_RANGES = [("seq_len", 1, True), ("total_batch_tokens", 1, True), ("max_steps", 1, True), ("lr", 0, False),
+                 ("weight_decay", 0, True), ("skip_loss_z", 0, True), ("skip_grad_z", 0, True),
+                 ("max_bad_steps", 1, True), ("save_every", 0, True), ("keep_last", 1, True), ("keep_every", 0, True),
+                 ("val_every", 0, True), ("val_tokens", 1, True), ("eval_every", 1, True), ("sample_every", 0, True),
+                 ("sample_tokens", 1, True), ("collective_timeout", 0, False), ("profile", 0, True)]
+
+
+def number_problems(settings):
+    """Every numeric flag finite and in range, and the model's shape positive: one line each. (A NaN
+    learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
+    problems = []
+    for name, least, inclusive in NUMBER_RANGES:
+        value = getattr(settings, name)
+        if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
+            problems.append(f"--{name} {value} must be a finite number {'>=' if inclusive else '>'} {least}")
+    if settings.val_every and 1 <= settings.val_tokens < settings.seq_len:
+        problems.append(f"--val_tokens {settings.val_tokens} is less than one sequence (--seq_len {settings.seq_len}); "
+                        f"turn validation off with --val_every 0")
+    if settings.micro_batch != "auto" and settings.micro_batch <= 0:
+        problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
+    if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
+        problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
+    for name in ("n_layer", "n_embd", "n_head"):
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            problems.append(f"--{name} must be positive (got {value})")
+    return problems
+
+
 def validate(settings, world_size):
     """Check everything that can be checked before launch; raise one ConfigError listing every problem.
     Returns (ds_config, model_config, grad_accum)."""
-    problems, ds_config, grad_accum = [], None, None
+    problems, ds_config, grad_accum = number_problems(settings), None, None
+    if problems:  # the checks below assume sane numbers
+        raise ConfigError("\n".join(problems))
     try:
         ds_config = dsc.load(settings.ds_config)
         problems += dsc.problems(ds_config, settings.ds_config)
@@ -211,25 +244,15 @@ def validate(settings, world_size):
         problems.append(f"--vocab_size must be positive (got {mconfig.vocab_size})")
     elif mconfig.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {mconfig.vocab_size} < {GPT2_VOCAB_SIZE}")
-    for name in ("seq_len", "micro_batch", "total_batch_tokens", "max_steps"):
-        if getattr(settings, name) <= 0:
-            problems.append(f"--{name} must be positive (got {getattr(settings, name)})")
-    if not settings.collective_timeout > 0:  # also NaN
-        problems.append(f"--collective_timeout must be a positive number of seconds (got {settings.collective_timeout})")
-    if settings.profile < 0:
-        problems.append(f"--profile must be >= 0 (got {settings.profile})")
-    elif settings.max_steps < profiled_steps_needed(settings.profile):
+    if settings.max_steps < profiled_steps_needed(settings.profile):
         problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
                         f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")
-    if not 0 <= settings.min_lr_ratio <= 1:
-        problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
     if settings.warmup_steps < 0 or settings.warmup_steps > settings.max_steps:
         problems.append(f"--warmup_steps {settings.warmup_steps} must lie in [0, --max_steps {settings.max_steps}]")
-    if min(settings.seq_len, settings.micro_batch, settings.total_batch_tokens) > 0:
-        try:
-            grad_accum = gradient_accumulation(settings, world_size)
-        except ConfigError as e:
-            problems.append(str(e))
+    try:
+        grad_accum = gradient_accumulation(settings, world_size)
+    except ConfigError as e:
+        problems.append(str(e))
     if settings.init_from:
         from gpt.hf import InteropError, check_hf_matches
         try:

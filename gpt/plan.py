@@ -248,10 +248,12 @@ def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens,
 def resolve_auto_micro_batch(settings, world_size, device_type):
     """--micro_batch auto: (the settings with the planner's micro-batch, the plan, the plan as text)."""
     try:
-        plan, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load(settings.ds_config),
+        plan, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load_checked(settings.ds_config),
                                              world_size, settings.total_batch_tokens, device_type, settings.loss)
     except PlanError as e:
         raise ConfigError(f"--micro_batch auto: {e}") from None
+    except dsc.DeepSpeedConfigError as e:
+        raise ConfigError(str(e)) from None
     return replace(settings, micro_batch=plan["micro_batch"]), plan, text
 
 
@@ -295,7 +297,7 @@ def main(argv=None):
         if args.seq_len > config.block_size:
             raise PlanError(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size}")
         allocator = args.allocator or ("expandable_segments" if trainer_uses_expandable_segments() else "default")
-        plan = make_plan(config, args.seq_len, dsc.load(args.ds_config), args.world_size, device_bytes,
+        plan = make_plan(config, args.seq_len, dsc.load_checked(args.ds_config), args.world_size, device_bytes,
                          args.total_batch_tokens, args.loss, allocator)
     except (PlanError, dsc.DeepSpeedConfigError) as e:
         sys.exit(f"error: {e}")

@@ -14,6 +14,7 @@ import argparse
 import glob
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -243,10 +244,24 @@ def val_documents_in(corpus, writer, lengths, val_tokens):
     return int(np.count_nonzero(starts < val_tokens))
 
 
+def check_no_other_corpus(out_dir, name):
+    """Training reads every *_train_* and *_val_* shard of a directory: refuse to write a corpus beside
+    another one's shards, which would silently join its training or validation split."""
+    own = re.compile(rf"{re.escape(name)}_(train|val)_\d{{6}}")
+    foreign = sorted(p.name for p in out_dir.glob("*_*_*") if p.suffix in (".bin", ".npy")
+                     and re.fullmatch(r".+_(train|val)_\d+", p.stem) and not own.fullmatch(p.stem))
+    if foreign:
+        raise DataError(f"{out_dir} already holds shards of another corpus ({', '.join(foreign[:3])}"
+                        f"{', ...' if len(foreign) > 3 else ''}): a training run would read both; use another --out_dir")
+
+
 def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
     """Write the shards; returns {'val': tokens, 'train': tokens} over all shards of out_dir."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"--out_dir {out_dir} is a file, not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_no_other_corpus(out_dir, name)
     writer = ShardWriter(out_dir, name, shard_tokens, settings)
     if not writer.progress["complete"]:
         documents = iter(corpus.documents)
@@ -300,7 +315,10 @@ def main(argv=None):
     default_names = {"shakespeare": "shakespeare", "files": "corpus",
                      "hub": Path(getattr(args, "dataset", "hub")).name.replace("-", "_").lower()}
     name = args.name or default_names[args.source]
-    settings = {"source": args.source, "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens}
+    # what the shards are made of: a rerun with other inputs into the same directory is refused, not "done"
+    inputs = {key: getattr(args, key) for key in ("paths", "dataset", "hub_config", "split", "text_field")
+              if hasattr(args, key)}
+    settings = {"source": args.source, "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens, **inputs}
     try:
         corpus = SOURCES[args.source](args)
         counts = prepare(corpus, args.out_dir, name, args.shard_tokens, args.val_tokens or args.shard_tokens,

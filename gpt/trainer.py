@@ -11,7 +11,7 @@ import torch
 
 from gpt import checkpoint, dist, hardware, hellaswag, memory
 from gpt import engine as ds_engine
-from gpt.config import ConfigError, Settings, gradient_accumulation, resolve_defaults, validate
+from gpt.config import ConfigError, Settings, gradient_accumulation, number_problems, resolve_defaults, validate
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
@@ -103,10 +103,14 @@ def setup(settings):
             print0(note)
         auto_plan = None
         if settings.micro_batch == "auto":
+            if number_problems(settings):  # the plan needs sane numbers; validate() below lists them all
+                validate(settings, world_size)
             settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
             print0(text)
         ds_config, model_config, grad_accum = validate(settings, world_size)
         run_config = run_config_of(settings, ds_config, model_config, world_size)
+        if not settings.resume:
+            checkpoint.check_fresh_out_dir(settings.out_dir)
         resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
         if resume_from is not None:
             checkpoint.check_compatible(resume_from, checkpoint.read_run_config(resume_from), run_config)
@@ -277,6 +281,8 @@ def optimizer_step(run, step):
 
 def save(run, step):
     settings = run.settings
+    if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):  # the same on every rank
+        raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved")
     client_state = {"step": step, "tokens": (step + 1) * settings.total_batch_tokens,
                     "loader": run.train_loader.state_dict()}
     start = time.perf_counter()

@@ -14,5 +14,5 @@ deepspeed --num_gpus 2 train_ds.py \
   --ds_config "$config" \
   --model d4 --seq_len 256 --micro_batch 4 --total_batch_tokens 2048 \
   --max_steps 60 --warmup_steps 6 --lr 3e-3 \
-  --data data/shakespeare --out_dir runs/cpu_demo \
+  --data data/shakespeare --out_dir "runs/cpu_demo/$(date +%Y%m%d-%H%M%S)" \
   --val_every 20 --val_tokens 16384 --sample_every 60 --sample_tokens 96 "$@"

@@ -54,9 +54,10 @@ def small_vocab_dir(shakespeare_dir, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def single_rank_group():
-    """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines."""
+    """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines: one for the
+    whole session, since DeepSpeed caches the group it first saw (a second one is 'not registered')."""
     import deepspeed
     import torch.distributed as dist
 

@@ -54,7 +54,7 @@ def test_bf16_fp32_accumulation_with_zero_stage_0(run_main, tmp_path):
 
 
 def test_bad_profile_steps(run_main):
-    assert run_main("--profile", "-1") == (2, "error: --profile must be >= 0 (got -1)\n")
+    assert run_main("--profile", "-1") == (2, "error: --profile -1 must be a finite number >= 0\n")
     assert run_main("--profile", "3", "--max_steps", "4", "--warmup_steps", "2") == (
         2, "error: --profile 3 needs --max_steps >= 5 (1 skipped, 1 warm-up and 3 recorded steps); --max_steps is 4\n")
 
@@ -105,3 +105,116 @@ def test_every_problem_is_reported_at_once_with_a_nonzero_exit(tmp_path):
         f"(make one with: python -m gpt.prepare shakespeare --out_dir {tmp_path / 'missing'})",
     ]
     assert "step" not in proc.stdout  # nothing trained
+
+
+def ds_json(tmp_path, **changes):
+    """ds_configs/zero2_fp32.json with top-level keys changed (None: removed)."""
+    config = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
+OPTIMIZER = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["optimizer"]
+# (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON)
+TRAIN_CASES = [
+    (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),
+    (["--lr", "-0.001"], "error: --lr -0.001 must be a finite number > 0"),
+    (["--lr", "inf"], "error: --lr inf must be a finite number > 0"),
+    (["--weight_decay", "-1"], "error: --weight_decay -1.0 must be a finite number >= 0"),
+    (["--min_lr_ratio", "nan"], "error: --min_lr_ratio nan must lie in [0, 1]"),
+    (["--save_every", "-1"], "error: --save_every -1 must be a finite number >= 0"),
+    (["--keep_last", "0"], "error: --keep_last 0 must be a finite number >= 1"),
+    (["--max_bad_steps", "0"], "error: --max_bad_steps 0 must be a finite number >= 1"),
+    (["--skip_loss_z", "nan"], "error: --skip_loss_z nan must be a finite number >= 0"),
+    (["--val_tokens", "0"], "error: --val_tokens 0 must be a finite number >= 1"),
+    (["--val_every", "5", "--val_tokens", "10"],
+     "error: --val_tokens 10 is less than one sequence (--seq_len 64); turn validation off with --val_every 0"),
+    (["--n_layer", "0"], "error: --n_layer must be positive (got 0)"),
+    (["--n_head", "0"], "error: --n_head must be positive (got 0)"),
+    (["--max_steps", "0"], "error: --max_steps 0 must be a finite number >= 1"),
+    (["--collective_timeout", "0"], "error: --collective_timeout 0.0 must be a finite number > 0"),
+    (["--micro_batch", "auto", "--lr", "nan"], "error: --lr nan must be a finite number > 0"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
+     'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
+     'parameters themselves, which this trainer does not handle)'),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": 3})],
+     "error: {path}: zero_optimization.stage 3 is not supported: use 0, 1 or 2 (ZeRO-3 partitions the "
+     "parameters themselves, which this trainer does not handle)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization=None, zero_optimisation=ZERO)],
+     "error: {path}: unknown key 'zero_optimisation' (did you mean 'zero_optimization'?)"),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "type": "AdamWW"})],
+     'error: {path}: optimizer.type "AdamWW": this trainer runs AdamW or Adam'),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"betas": [0.9, 1.5]}})],
+     "error: {path}: optimizer.params.betas [0.9, 1.5] must be two numbers in [0, 1)"),
+    (lambda t: ["--ds_config", ds_json(t, gradient_clipping=-1)],
+     "error: {path}: gradient_clipping -1 must be a finite number >= 0 (0: off)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization=[1])],
+     "error: {path}: 'zero_optimization' must be a JSON object, got [1]"),
+    (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
+     'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
+     'parameters themselves, which this trainer does not handle)'),
+]
+
+
+def snapshot(directory):
+    return {p: p.stat().st_mtime_ns for p in directory.rglob("*")}
+
+
+@pytest.mark.parametrize("flags, expected", TRAIN_CASES, ids=lambda case: None if callable(case) or
+                         isinstance(case, list) else case.split(": ")[-1][:40])
+def test_bad_training_input_is_one_line_and_exit_2(run_main, tmp_path, flags, expected):
+    flags = flags(tmp_path) if callable(flags) else flags
+    path = flags[flags.index("--ds_config") + 1] if "--ds_config" in flags else ""
+    code, err = run_main("--out_dir", str(tmp_path / "out"), *flags)
+    assert (code, err) == (2, expected.format(path=path) + "\n")
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize("held", ["checkpoints", "metrics"])
+def test_a_fresh_run_into_an_earlier_runs_out_dir_is_refused_and_changes_nothing(run_main, tmp_path, held):
+    out = tmp_path / "out"
+    if held == "checkpoints":
+        (out / "checkpoints" / "step_00000007").mkdir(parents=True)
+        (out / "checkpoints" / "latest").write_text("step_00000007")
+    else:
+        out.mkdir()
+        (out / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
+    before = snapshot(out)
+    code, err = run_main("--out_dir", str(out))
+    what = "checkpoints up to step_00000007" if held == "checkpoints" else "metrics.jsonl"
+    assert (code, err) == (2, f"error: --out_dir {out} holds an earlier run ({what}): continue it with --resume auto, "
+                              f"or start afresh with another --out_dir\n")
+    assert snapshot(out) == before
+
+
+def test_an_out_dir_that_is_a_file(run_main, tmp_path):
+    (tmp_path / "out").write_text("x")
+    assert run_main("--out_dir", str(tmp_path / "out")) == (
+        2, f"error: --out_dir {tmp_path / 'out'} is a file, not a directory\n")
+
+
+def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tmp_path):
+    """A second corpus beside the first would join its splits; other inputs under the same name would be
+    reported 'done' over the old shards. Both refused, nothing written."""
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(shakespeare_dir, data)
+    text = tmp_path / "more.txt"
+    text.write_text("Some other text. " * 200)
+    before = snapshot(data)
+
+    def prepare(*args):
+        return subprocess.run([sys.executable, "-m", "gpt.prepare", *args], cwd=REPO, capture_output=True, text=True)
+    proc = prepare("files", str(text), "--out_dir", str(data))
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: {data} already holds shards of another corpus "
+                                                           f"(shakespeare_train_000001.bin, shakespeare_val_000000.bin)")
+    proc = prepare("files", str(text), "--out_dir", str(data), "--name", "shakespeare")
+    assert proc.returncode == 1 and "was prepared with other settings" in proc.stderr, proc.stderr
+    assert snapshot(data) == before
