@@ -65,13 +65,14 @@ def single_rank_group():
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     deepspeed.init_distributed(dist_backend="gloo")
+    for key, value in saved.items():  # only for joining: runs started later must not inherit RANK and the port
+        if key != "LOCAL_RANK":  # DeepSpeed's engine reads it
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     yield
     dist.destroy_process_group()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **extra):
