@@ -18,7 +18,7 @@ from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
 from gpt.loss import fused_loss
-from gpt.metrics import MetricsLogger, peak_flops
+from gpt.metrics import MetricsLogger, peak_flops, say
 from gpt.model import GPT, GPTConfig
 from gpt.plan import resolve_auto_micro_batch
 from gpt.probe import dividing_sizes, probe_micro_batch
@@ -68,10 +68,10 @@ class StopTraining(Exception):
     """The run cannot continue; the message says why."""
 
 
-def print0(*args, **kwargs):
+def print0(text):
     """Print from rank 0 only; works before the process group exists too."""
     if dist.launched_rank() == 0:
-        print(*args, **kwargs, flush=True)
+        say(text)
 
 
 def fail(message, code=2, every_rank=False):
@@ -80,7 +80,7 @@ def fail(message, code=2, every_rank=False):
     if every_rank and dist.launched_world_size() > 1:
         message = f"[rank {dist.launched_rank()}] {message}"
     if every_rank or dist.launched_rank() == 0:
-        print(f"error: {message}".replace("\n", "\nerror: "), file=sys.stderr, flush=True)
+        say(f"error: {message}".replace("\n", "\nerror: "), sys.stderr)
     sys.exit(code)
 
 
@@ -124,7 +124,7 @@ def setup(settings):
     elif precision(ds_config) == "bf16" and dist.launched_rank() == 0:
         warning = hardware.cpu_bf16_warning()
         if warning:
-            print(warning, file=sys.stderr, flush=True)
+            say(warning, sys.stderr)
     if settings.deterministic:
         hardware.make_deterministic(device_type)
     device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16",
@@ -296,7 +296,7 @@ def log_samples(run, step):
     generator = torch.Generator().manual_seed(run.settings.seed + run.engine.global_rank)  # training RNG untouched
     tokens = sample(run.model, tokenizer.encode_ordinary(SAMPLE_PROMPT), run.settings.sample_tokens, generator,
                     run.device)
-    print(f"[rank {run.engine.global_rank}] sample at step {step}: {tokenizer.decode(tokens)!r}", flush=True)
+    say(f"[rank {run.engine.global_rank}] sample at step {step}: {tokenizer.decode(tokens)!r}")
 
 
 def fit(run, start_step):

@@ -1,10 +1,11 @@
 """Run by tests/test_probe.py under the deepspeed launcher (2 CPU ranks): the trainer's own setup -> probe ->
 build -> one step with --micro_batch auto, the probe called directly (the trainer probes only on a GPU) and
 the fused loss running out of memory above LIMITS[rank] sequences: a GPU allocator's limit, simulated.
-Prints one JSON line per rank."""
+Each rank writes its figures to <out_dir>/probe_rank<N>.json (the ranks' stdout lines can interleave)."""
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -36,9 +37,10 @@ def main():
     unprobed_weights = GPT(prepared.model_config).state_dict()
     same_init = all(torch.equal(unprobed_weights[k], v) for k, v in run.model.state_dict().items())
     loss = trainer.optimizer_step(run, 0)
-    print(json.dumps({"rank": run.engine.global_rank, "planned": planned, "micro_batch": run.settings.micro_batch,
+    rank = run.engine.global_rank
+    (Path(settings.out_dir) / f"probe_rank{rank}.json").write_text(json.dumps({"rank": rank, "planned": planned, "micro_batch": run.settings.micro_batch,
                       "grad_accum": run.grad_accum, "engine_micro_batch": run.engine.train_micro_batch_size_per_gpu(),
-                      "same_init": same_init, "loss": loss}), flush=True)
+                      "same_init": same_init, "loss": loss}))
 
 
 if __name__ == "__main__":
