@@ -4,20 +4,25 @@ Layout under OUT_DIR/checkpoints/:
     step_00000100/            DeepSpeed's files (model, optimizer partitions, scheduler) + client state
         rng_rank00000.pt      each rank's RNG states
         run_config.json       the settings the run had, to refuse an incompatible resume up front
-        complete.json         written last, after every rank finished: only such checkpoints are loaded
+        complete.json         written last, after every rank finished, with every file's size: only
+                              such checkpoints are loaded, and only while their files are all there whole
     latest                    the newest complete tag (moved after complete.json exists)
+    step_00000200.damaged/    a complete checkpoint found damaged at resume, set aside (kept, never loaded)
 """
 import json
 import os
 import random
 import re
+import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from gpt import dist
+from gpt.metrics import say
 from gpt.model import GPTConfig
 
 CHECKPOINTS = "checkpoints"
@@ -25,6 +30,7 @@ COMPLETE = "complete.json"
 RUN_CONFIG = "run_config.json"
 LATEST = "latest"
 TAG_PATTERN = re.compile(r"^step_(\d{8})$")
+RNG_PATTERN = re.compile(r"^rng_rank\d{5}\.pt$")
 # Settings a checkpoint's weights and optimizer states only fit with; everything else may change on resume.
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
@@ -61,6 +67,39 @@ def set_rng_state(state):
     get_accelerator().set_rng_state(state["accelerator"])
 
 
+def warn(line):
+    """A warning on stderr, once (rank 0) however many ranks read the same checkpoints."""
+    if dist.launched_rank() == 0:
+        say(f"warning: {line}", sys.stderr)
+
+
+def file_sizes(path):
+    """name -> bytes of every file in a checkpoint directory but its completion marker."""
+    return {str(p.relative_to(path)): p.stat().st_size for p in sorted(Path(path).rglob("*"))
+            if p.is_file() and p.name != COMPLETE}
+
+
+def damage(path):
+    """Why a complete checkpoint cannot be loaded, or None: a file written at save is missing or no longer
+    its recorded size. RNG files are left to load(), which says when one is missing. Markers written before
+    sizes were recorded are trusted."""
+    try:
+        recorded = json.loads((Path(path) / COMPLETE).read_text())["files"]
+    except KeyError:
+        return None
+    except (OSError, ValueError, TypeError) as e:
+        return f"unreadable {COMPLETE} ({e})"
+    actual = file_sizes(path)
+    for name, size in recorded.items():
+        if RNG_PATTERN.match(name):
+            continue
+        if name not in actual:
+            return f"{name} is missing"
+        if actual[name] != size:
+            return f"{name} has {actual[name]} bytes, {size} were written"
+    return None
+
+
 def complete_tags(ckpt_dir):
     """Tags of complete checkpoints, oldest first."""
     ckpt_dir = Path(ckpt_dir)
@@ -79,7 +118,7 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
     dist.barrier()  # every rank's files are on disk
     if dist.rank() == 0:
         _write_atomically(ckpt_dir / tag / RUN_CONFIG, json.dumps(run_config, indent=1))
-        _write_atomically(ckpt_dir / tag / COMPLETE, json.dumps({"step": step}))
+        _write_atomically(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "files": file_sizes(ckpt_dir / tag)}))
         _write_atomically(ckpt_dir / LATEST, tag)
         prune(ckpt_dir, keep_last, keep_every)
     dist.barrier()
@@ -100,26 +139,76 @@ def prune(ckpt_dir, keep_last, keep_every):
             shutil.rmtree(path)
 
 
+def newest_intact(ckpt_dir):
+    """The newest complete checkpoint whose files are whole, warning about each newer damaged one; None if
+    there is no complete checkpoint at all."""
+    tags = complete_tags(ckpt_dir)
+    for tag in reversed(tags):
+        problem = damage(Path(ckpt_dir) / tag)
+        if problem is None:
+            return Path(ckpt_dir) / tag
+        warn(f"{Path(ckpt_dir) / tag}: damaged checkpoint ({problem}); falling back to the one before it")
+    if tags:
+        raise CheckpointError(f"{ckpt_dir}: every complete checkpoint is damaged (the oldest, {tags[0]}: {problem})")
+    return None
+
+
 def find_checkpoint(resume, out_dir):
     """The checkpoint directory to resume from, or None for a fresh start ('auto' with nothing saved).
-    `resume` is 'auto' (the newest complete one under out_dir) or a path to a checkpoint or its parent."""
+    `resume` is 'auto' (the newest intact one under out_dir) or a path to a checkpoint or its parent."""
     if resume == "auto":
-        ckpt_dir = checkpoint_dir(out_dir)
-        latest = ckpt_dir / LATEST
-        if latest.exists() and (ckpt_dir / latest.read_text().strip() / COMPLETE).exists():
-            return ckpt_dir / latest.read_text().strip()
-        tags = complete_tags(ckpt_dir)
-        return ckpt_dir / tags[-1] if tags else None
+        return newest_intact(checkpoint_dir(out_dir))
     path = Path(resume)
     if (path / COMPLETE).exists():
+        problem = damage(path)
+        if problem:
+            raise CheckpointError(f"{path}: damaged checkpoint ({problem}); give its parent directory to take "
+                                  f"the newest intact one")
         return path
     for parent in (path, path / CHECKPOINTS):
-        tags = complete_tags(parent)
-        if tags:
-            return parent / tags[-1]
+        found = newest_intact(parent)
+        if found:
+            return found
     if path.is_dir() and TAG_PATTERN.match(path.name):
         raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE}: the save was interrupted)")
     raise CheckpointError(f"{path}: no complete checkpoint found")
+
+
+def check_resume_target(resume_from, out_dir):
+    """Where the resumed run will write must hold nothing it would overwrite or mix with: resuming an
+    older step of out_dir's own run would overwrite its later checkpoints step by step and prune the new
+    ones in their favour (damaged later steps are set aside instead); resuming another directory's
+    checkpoint into an out_dir holding a run of its own would do the same to that run."""
+    ckpt_dir = checkpoint_dir(out_dir)
+    if not ckpt_dir.is_dir() or Path(resume_from).parent.resolve() != ckpt_dir.resolve():
+        return check_fresh_out_dir(out_dir)
+    later = [t for t in complete_tags(ckpt_dir) if t > Path(resume_from).name and not damage(ckpt_dir / t)]
+    if later:
+        raise CheckpointError(f"--resume {resume_from}: {ckpt_dir} holds later checkpoints (up to {later[-1]}) "
+                              f"that this run would overwrite: resume it into another --out_dir")
+
+
+def set_aside_damaged(ckpt_dir):
+    """Rename each damaged complete checkpoint to <tag>.damaged (kept for inspection, never loaded, never
+    pruned), so the run's own saves neither collide with it nor get pruned in its favour. Rank 0 only."""
+    for tag in complete_tags(ckpt_dir):
+        path = Path(ckpt_dir) / tag
+        if damage(path):
+            target, n = path.with_name(f"{tag}.damaged"), 1
+            while target.exists():
+                target, n = path.with_name(f"{tag}.damaged{n}"), n + 1
+            os.replace(path, target)
+            warn(f"{path}: damaged checkpoint set aside as {target.name}")
+
+
+def check_writable(out_dir):
+    """--out_dir can be made and written: its nearest existing ancestor is a writable directory."""
+    out_dir = Path(out_dir)
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if existing != out_dir and not existing.is_dir():
+        raise CheckpointError(f"--out_dir {out_dir}: {existing} is a file, not a directory")
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"--out_dir {out_dir}: {existing} is not writable")
 
 
 def check_fresh_out_dir(out_dir):
@@ -151,23 +240,39 @@ def check_compatible(path, saved, current):
     for key in ("precision", "zero_stage"):
         if saved.get(key) != current.get(key):
             problems.append(f"{key} {saved.get(key)} in the checkpoint, {current.get(key)} now")
+    if saved.get("world_size") == current["world_size"]:  # an exact resume: the data position must fit too
+        order = [f"--{key} {saved['args'].get(key)} in the checkpoint, {current['args'][key]} now"
+                 for key in ("micro_batch", "seq_len", "seed") if saved["args"].get(key) != current["args"][key]]
+        if order:
+            problems.append("; ".join(order) + " (the data order of an exact resume depends on them)")
     if problems:
         raise CheckpointError(f"{path}: cannot resume: " + "; ".join(problems))
 
 
 def load(engine, path, load_optimizer_states=True):
-    """Load a checkpoint into the engine; returns the client state. With load_optimizer_states False only
-    the weights are taken (a weights-only restart, e.g. on another world size)."""
+    """Load a checkpoint into the engine; returns (client state, why this rank's RNG state was not restored
+    or None). With load_optimizer_states False only the weights are taken (a weights-only restart, e.g. on
+    another world size), and no RNG state."""
     path = Path(path)
-    loaded, client_state = engine.load_checkpoint(
-        str(path.parent), tag=path.name, load_optimizer_states=load_optimizer_states,
-        load_lr_scheduler_states=load_optimizer_states, load_module_only=not load_optimizer_states)
+    try:
+        loaded, client_state = engine.load_checkpoint(
+            str(path.parent), tag=path.name, load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_optimizer_states, load_module_only=not load_optimizer_states)
+    except (AssertionError, OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no message'})") from None
     if loaded is None:
         raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
+    if not load_optimizer_states:
+        return client_state, None
     rng_file = path / f"rng_rank{dist.rank():05d}.pt"
-    if load_optimizer_states and rng_file.exists():
+    try:
         set_rng_state(torch.load(rng_file, weights_only=False))
-    return client_state
+    except FileNotFoundError:
+        return client_state, f"{rng_file.name} is missing"
+    except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
+        return client_state, f"{rng_file.name} is unreadable ({type(e).__name__})"
+    return client_state, None
 
 
 def read_weights(path):

@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from gpt import ds_config as dsc
-from gpt.data import DataError, check_shards
+from gpt.data import DataError, check_lengths, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
 from gpt.loss import LOSSES
 from gpt.optim import OptimizerSettings
@@ -224,7 +224,7 @@ def number_problems(settings):
     return problems
 
 
-def validate(settings, world_size):
+def validate(settings, world_size, device_type="cpu"):
     """Check everything that can be checked before launch; raise one ConfigError listing every problem.
     Returns (ds_config, model_config, grad_accum)."""
     problems, ds_config, grad_accum = number_problems(settings), None, None
@@ -233,6 +233,9 @@ def validate(settings, world_size):
     try:
         ds_config = dsc.load(settings.ds_config)
         problems += dsc.problems(ds_config, settings.ds_config)
+        if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
+            problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+                            f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
     except dsc.DeepSpeedConfigError as e:
         problems.append(str(e))
     mconfig = settings.model_config
@@ -261,6 +264,8 @@ def validate(settings, world_size):
             problems.append(str(e))
     try:
         check_shards(settings.data, mconfig.vocab_size)
+        if grad_accum:
+            check_lengths(settings.data, settings.seq_len, settings.micro_batch * world_size, settings.val_every > 0)
     except DataError as e:
         problems.append(str(e))
     if problems:

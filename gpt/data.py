@@ -105,6 +105,25 @@ def check_shards(data_dir, vocab_size):
             check_token_range(path, vocab_size)
 
 
+def check_lengths(data_dir, seq_len, global_batch, validating):
+    """The shards hold enough tokens for the run: one global batch of windows in some train shard (the
+    loader never crosses shards) and, when validating, one sequence in the val split."""
+    problems, window = [], seq_len + 1
+    lengths = {p: len(load_shard(p)) for p in find_shards(data_dir, "train")}
+    longest = max(lengths, key=lengths.get)
+    if (lengths[longest] - 1) // seq_len < global_batch:
+        problems.append(f"{data_dir}: no train shard holds one global batch of {global_batch} sequences of {window} "
+                        f"tokens (the longest, {longest.name}, has {lengths[longest]:,}): lower --micro_batch or "
+                        f"--seq_len, or prepare more text")
+    if validating:
+        val = find_shards(data_dir, "val")
+        if all((len(load_shard(p)) - 1) // seq_len == 0 for p in val):
+            problems.append(f"{val[0]}: the val split is shorter than one sequence of {window} tokens; "
+                            f"lower --seq_len or turn validation off with --val_every 0")
+    if problems:
+        raise DataError("\n".join(problems))
+
+
 def _windows_to_batch(tokens, windows, seq_len):
     """(x, y) int64 tensors for sequences starting at windows * seq_len; y is x shifted by one token."""
     index = windows[:, None] * seq_len + np.arange(seq_len + 1)

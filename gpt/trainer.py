@@ -12,7 +12,7 @@ import torch
 from gpt import checkpoint, dist, hardware, hellaswag, memory
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, Settings, gradient_accumulation, number_problems, resolve_defaults, validate
-from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
+from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
@@ -51,7 +51,7 @@ class Run:
     engine: object
     model: GPT
     train_loader: ShuffledTokenLoader
-    val_set: ValidationSet
+    val_set: ValidationSet | None  # None with --val_every 0
     logger: MetricsLogger
     guard: SpikeGuard
     guard_active: bool  # False: this optimizer has no path to skip an update (ZeRO 0)
@@ -101,19 +101,26 @@ def setup(settings):
         settings, notes = resolve_defaults(settings, device_type)
         for note in notes:
             print0(note)
-        auto_plan = None
-        if settings.micro_batch == "auto":
-            if number_problems(settings):  # the plan needs sane numbers; validate() below lists them all
-                validate(settings, world_size)
-            settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
-            print0(text)
-        ds_config, model_config, grad_accum = validate(settings, world_size)
-        run_config = run_config_of(settings, ds_config, model_config, world_size)
+        checkpoint.check_writable(settings.out_dir)
         if not settings.resume:
             checkpoint.check_fresh_out_dir(settings.out_dir)
         resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
+        saved = checkpoint.read_run_config(resume_from) if resume_from else None
+        auto_plan = None
+        if settings.micro_batch == "auto" and saved and saved["world_size"] == world_size:
+            settings = replace(settings, micro_batch=saved["args"]["micro_batch"])  # the data order depends on it
+            print0(f"--micro_batch auto: {settings.micro_batch}, as the checkpoint was saved with (an exact resume "
+                   f"keeps the data order)")
+        elif settings.micro_batch == "auto":
+            if number_problems(settings):  # the plan needs sane numbers; validate() below lists them all
+                validate(settings, world_size, device_type)
+            settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
+            print0(text)
+        ds_config, model_config, grad_accum = validate(settings, world_size, device_type)
+        run_config = run_config_of(settings, ds_config, model_config, world_size)
         if resume_from is not None:
-            checkpoint.check_compatible(resume_from, checkpoint.read_run_config(resume_from), run_config)
+            checkpoint.check_compatible(resume_from, saved, run_config)
+            checkpoint.check_resume_target(resume_from, settings.out_dir)
         examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
     except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
         fail(e)
@@ -179,8 +186,8 @@ def build(setup):
     rank, world_size = dist.rank(), dist.world_size()
     train_loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
                                        rank, world_size, seed=settings.seed, pin_memory=setup.device.type == "cuda")
-    val_set = ValidationSet(find_shards(settings.data, "val"), settings.seq_len,
-                            settings.val_tokens // settings.seq_len, settings.micro_batch, rank, world_size)
+    val_set = ValidationSet(find_shards(settings.data, "val"), settings.seq_len, settings.val_tokens // settings.seq_len,
+                            settings.micro_batch, rank, world_size) if settings.val_every else None
     guard = SpikeGuard(settings.skip_loss_z, settings.skip_grad_z, max_bad_steps=settings.max_bad_steps,
                        fp16=precision(setup.ds_config) == "fp16")
     guard_active = install_grad_norm_hook(engine, guard)
@@ -193,8 +200,8 @@ def build(setup):
            f"= {settings.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
     print0(f"loss: {settings.loss} ({loss_label})")
     print0(f"data {settings.data}: {len(train_loader.shards)} train shard(s), "
-           f"{sum(train_loader.batches_per_shard):,} batches/epoch per rank; validation on {len(val_set)} sequences "
-           f"of {settings.seq_len} tokens")
+           f"{sum(train_loader.batches_per_shard):,} batches/epoch per rank; "
+           + (f"validation on {len(val_set)} sequences of {settings.seq_len} tokens" if val_set else "no validation"))
     return Run(settings=settings, engine=engine, model=model, train_loader=train_loader, val_set=val_set,
                logger=logger, guard=guard, guard_active=guard_active, device=setup.device, world_size=world_size,
                grad_accum=setup.grad_accum,
@@ -212,11 +219,21 @@ def resume(run, path):
         return 0
     saved_world = checkpoint.read_run_config(path)["world_size"]
     exact = saved_world == run.world_size
-    state = checkpoint.load(run.engine, path, load_optimizer_states=exact)
+    state, rng_problem = checkpoint.load(run.engine, path, load_optimizer_states=exact)
+    if run.engine.global_rank == 0:
+        checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(run.settings.out_dir))
     step = state["step"] + 1
     if exact:
-        run.train_loader.load_state_dict(state["loader"])
-        print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, data position and RNG")
+        try:
+            run.train_loader.load_state_dict(state["loader"])
+        except DataError as e:  # other shards under --data than the checkpoint's run read
+            raise checkpoint.CheckpointError(f"{path}: cannot resume the data position: {e}") from None
+        if rng_problem:
+            say(f"warning: [rank {run.engine.global_rank}] {path}: {rng_problem}: this rank's random state was not "
+                f"restored, so the run will not repeat an uninterrupted one exactly", sys.stderr)
+        every_rng = dist.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=run.device)).item() == 1.0
+        print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, data position and "
+               + ("RNG" if every_rng else "not the RNG of every rank (see the warning)"))
     else:
         run.engine.lr_scheduler.last_epoch = step - 1
         run.engine.lr_scheduler.step()  # the schedule's value at `step`
@@ -348,6 +365,8 @@ def main(settings):
         fit(run, resume(run, prepared.resume_from))
     except StopTraining as e:
         fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1)
+    except checkpoint.CheckpointError as e:  # one the up-front checks could not see (DeepSpeed's own load failed)
+        fail(e, code=1)
     except Exception as e:
         if dist.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
             fail(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "

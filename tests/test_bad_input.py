@@ -3,14 +3,21 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import train_ds
-from conftest import REPO
+from conftest import REPO, free_port
+from gpt.config import parse, resolve_defaults, validate
+from gpt.data import write_shard
 
 
 @pytest.fixture
-def run_main(shakespeare_dir, capsys):
+def run_main(shakespeare_dir, capsys, monkeypatch):
+    def started(*args, **kwargs):
+        raise AssertionError("the input passed validation: the run would have started")
+    monkeypatch.setattr("gpt.dist.setup_distributed", started)  # a case that fails to fail, fails fast
+
     def run(*args, data=None):
         argv = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
                 "--data", str(data or shakespeare_dir), *args]
@@ -41,7 +48,7 @@ def test_fp16_and_bf16_both_enabled(run_main, tmp_path):
 def test_fp16_with_zero_stage_0(run_main, tmp_path):
     path = tmp_path / "fp16_zero0.json"
     path.write_text(json.dumps({"fp16": {"enabled": True}, "zero_optimization": {"stage": 0}}))
-    assert run_main("--ds_config", str(path)) == (
+    assert run_main("--ds_config", str(path), "--cpu_fp16") == (
         2, f"error: {path}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)\n")
 
 
@@ -120,10 +127,31 @@ def ds_json(tmp_path, **changes):
     return str(path)
 
 
+def shards(tmp_path, train_tokens, val_tokens):
+    """A data directory of one train and one val shard of these lengths."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "x_train_000000.bin", np.arange(train_tokens) % 1000)
+    write_shard(data / "x_val_000000.bin", np.arange(val_tokens) % 1000)
+    return str(data)
+
+
 ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
 OPTIMIZER = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["optimizer"]
-# (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON)
+# (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON,
+# {tmp}: tmp_path)
 TRAIN_CASES = [
+    (["--ds_config", "ds_configs/zero2_fp16.json"],
+     "error: ds_configs/zero2_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+     "ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)"),
+    (lambda t: ["--data", shards(t, 200, 5000)],  # 200 tokens: 3 sequences of 64 (+ 1), a global batch is 4
+     "error: {tmp}/data: no train shard holds one global batch of 4 sequences of 65 tokens (the longest, "
+     "x_train_000000.bin, has 200): lower --micro_batch or --seq_len, or prepare more text"),
+    (lambda t: ["--data", shards(t, 5000, 60), "--val_every", "10"],
+     "error: {tmp}/data/x_val_000000.bin: the val split is shorter than one sequence of 65 tokens; lower --seq_len "
+     "or turn validation off with --val_every 0"),
+    (lambda t: (t / "file").write_text("x") and ["--out_dir", str(t / "file" / "out")],
+     "error: --out_dir {tmp}/file/out: {tmp}/file is a file, not a directory"),
     (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),
     (["--lr", "-0.001"], "error: --lr -0.001 must be a finite number > 0"),
     (["--lr", "inf"], "error: --lr inf must be a finite number > 0"),
@@ -173,8 +201,34 @@ def test_bad_training_input_is_one_line_and_exit_2(run_main, tmp_path, flags, ex
     flags = flags(tmp_path) if callable(flags) else flags
     path = flags[flags.index("--ds_config") + 1] if "--ds_config" in flags else ""
     code, err = run_main("--out_dir", str(tmp_path / "out"), *flags)
-    assert (code, err) == (2, expected.format(path=path) + "\n")
+    assert (code, err) == (2, expected.format(path=path, tmp=tmp_path) + "\n")
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),
+    (["--total_batch_tokens", "768"], "error: --total_batch_tokens 768 is not divisible by micro_batch x seq_len x "
+                                      "world = 4 x 64 x 2 = 512"),
+    (["--ds_config", "ds_configs/zero1_fp16.json"],
+     "error: ds_configs/zero1_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+     "ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)"),
+], ids=["lr", "indivisible", "fp16"])
+def test_two_ranks_say_it_once_and_exit_2(shakespeare_dir, tmp_path, flags, expected):
+    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
+                           "--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
+                           "--data", str(shakespeare_dir), "--out_dir", str(tmp_path / "out"), *flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and output.count(expected) == 1 and "Traceback" not in output, output[-3000:]
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [expected]
+    assert not (tmp_path / "out").exists()
+
+
+def test_validation_off_needs_no_val_sequence(tmp_path):
+    """A val split shorter than one sequence is fine with --val_every 0 (it used to abort anyway)."""
+    settings = parse(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
+                      "--val_every", "0", "--data", shards(tmp_path, 5000, 60)])
+    assert validate(resolve_defaults(settings, "cpu")[0], 1)[2] == 4  # grad_accum: validated
 
 
 @pytest.mark.parametrize("held", ["checkpoints", "metrics"])

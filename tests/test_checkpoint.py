@@ -80,6 +80,51 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, s
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
 
 
+def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(tmp_path, shakespeare_dir, capsys):
+    """A file removed from inside a complete step (DeepSpeed: AssertionError) and a truncated one: --resume
+    auto, gpt-export and gpt-sample take the step before, saying so once; an explicit damaged path and an
+    older step of the same out_dir (whose later steps a resume would overwrite) are refused. The resumed run
+    sets the damaged step aside, repeats the uninterrupted run's losses and says which RNG it lacked."""
+    args = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "2", "--keep_last", "5"]
+    whole, _ = train(tmp_path, shakespeare_dir, *args)
+    ckpt = tmp_path / "checkpoints"
+    assert checkpoint.complete_tags(ckpt) == ["step_00000001", "step_00000003", "step_00000005"]
+    (optim,) = (ckpt / "step_00000005").glob("*optim_states.pt")
+    optim.unlink()
+    assert checkpoint.find_checkpoint("auto", tmp_path) == ckpt / "step_00000003"
+    assert capsys.readouterr().err == (f"warning: {ckpt / 'step_00000005'}: damaged checkpoint ({optim.name} is "
+                                       f"missing); falling back to the one before it\n")
+    assert checkpoint.read_weights(ckpt)[0].keys() == checkpoint.read_weights(ckpt / "step_00000001")[0].keys()
+    assert "step_00000005: damaged" in capsys.readouterr().err  # gpt-export and gpt-sample read through here
+    with pytest.raises(checkpoint.CheckpointError, match=f"step_00000005: damaged checkpoint \\({optim.name} is "
+                                                         f"missing\\); give its parent directory"):
+        checkpoint.find_checkpoint(str(ckpt / "step_00000005"), tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="holds later checkpoints \\(up to step_00000003\\) that "
+                                                         "this run would overwrite: resume it into another --out_dir"):
+        checkpoint.check_resume_target(ckpt / "step_00000001", tmp_path)
+    model = ckpt / "step_00000001" / "mp_rank_00_model_states.pt"
+    written = model.stat().st_size
+    os.truncate(model, written // 2)
+    assert checkpoint.damage(ckpt / "step_00000001") == (
+        f"mp_rank_00_model_states.pt has {written // 2} bytes, {written} were written")
+
+    (ckpt / "step_00000003" / "rng_rank00000.pt").unlink()  # not damage: said, and the run goes on
+    resumed, proc = train(tmp_path, shakespeare_dir, *args, "--resume", "auto")
+    assert f"resumed from {ckpt / 'step_00000003'} at step 4: weights, optimizer, schedule, data position and " \
+           f"not the RNG of every rank" in proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: {ckpt / 'step_00000005'}: damaged checkpoint ({optim.name} is missing); falling back to the one "
+        f"before it",
+        f"warning: {ckpt / 'step_00000001'}: damaged checkpoint set aside as step_00000001.damaged",
+        f"warning: {ckpt / 'step_00000005'}: damaged checkpoint set aside as step_00000005.damaged",
+        f"warning: [rank 0] {ckpt / 'step_00000003'}: rng_rank00000.pt is missing: this rank's random state was "
+        f"not restored, so the run will not repeat an uninterrupted one exactly"], proc.stderr[-3000:]
+    assert step_records(resumed)[-2:] == step_records(whole)[4:]  # metrics.jsonl: the first run, then these
+    assert checkpoint.complete_tags(ckpt) == ["step_00000003", "step_00000005"]
+    assert checkpoint.damage(ckpt / "step_00000005") is None and (ckpt / "step_00000005.damaged" / model.name).exists()
+
+
 @pytest.mark.parametrize("saved_ranks,resumed_ranks", [(2, 1), (1, 2)])
 def test_a_different_world_size_restarts_from_the_weights(tmp_path, shakespeare_dir, saved_ranks, resumed_ranks):
     args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--lr", "3e-3"]
@@ -103,6 +148,14 @@ def test_an_incompatible_checkpoint_is_refused_up_front(tmp_path, shakespeare_di
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'checkpoints' / 'step_00000001'}: cannot resume: n_layer 2 in the checkpoint, 3 now; "
         f"zero_stage 2 in the checkpoint, 1 now")
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+                          "--micro_batch", "8", "--seed", "7", "--resume", "auto", check=False)
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (2, (
+        f"error: {tmp_path / 'checkpoints' / 'step_00000001'}: cannot resume: --micro_batch 4 in the checkpoint, 8 now; "
+        f"--seed 1234 in the checkpoint, 7 now (the data order of an exact resume depends on them)"))
+    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+                          "--micro_batch", "auto", "--resume", "auto")  # a relaunched --micro_batch auto recipe
+    assert "--micro_batch auto: 4, as the checkpoint was saved with" in proc.stdout and "at step 2" in proc.stdout
 
 
 def test_a_missing_checkpoint_path_is_a_clear_error(tmp_path, shakespeare_dir):
