@@ -5,33 +5,44 @@ checkpoints or a Hugging Face GPT-2 directory.
     gpt-eval --hf gpt2-dir --hellaswag val                      # OpenAI's GPT-2 124M: acc_norm 0.2955
     gpt-sample --checkpoint runs/dsgpt/checkpoints --prompt "Hello, I'm a language model," --num_samples 4
     python -m gpt.cli eval|sample ...                          # the same without installing
+
+Bad input is one line on stderr and exit status 1, found before the weights are loaded: the flags first,
+then the model's shape (read without its weights) against them.
 """
-import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from gpt import hellaswag
-from gpt.data import DataError, ValidationSet, find_shards
+from gpt.args import Parser, exit_if, range_problems
+from gpt.data import DataError, ValidationSet, check_token_range, find_shards
 from gpt.evaluate import sample, validation_loss
-from gpt.checkpoint import CheckpointError, read_weights
+from gpt.checkpoint import CheckpointError, find_checkpoint, read_run_config, read_weights
 from gpt.hf import InteropError, config_from_hf, load_hf_weights, read_hf_config
-from gpt.model import GPT
-from gpt.tokenizer import gpt2_tokenizer
+from gpt.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
+from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+
+DEFAULT_VAL_TOKENS = 10 * 2**20
 
 
-def load_model(args):
-    """(GPT in eval mode, its config) from --checkpoint or --hf."""
+def model_source(args):
+    """(the model's GPTConfig, a function returning the model in eval mode) from --checkpoint or --hf: the
+    shape is read without the weights, so that the input can be checked against it first."""
     if args.checkpoint:
-        state, config = read_weights(args.checkpoint)
+        config = GPTConfig(**read_run_config(find_checkpoint(args.checkpoint, None))["model"])
+        weights = lambda: read_weights(args.checkpoint)[0]  # noqa: E731
     else:
         config = config_from_hf(read_hf_config(args.hf))
-        state = load_hf_weights(args.hf, config)
-    model = GPT(config)
-    model.load_state_dict(state)
-    return model.eval(), config
+        weights = lambda: load_hf_weights(args.hf, config)  # noqa: E731
+
+    def load():
+        model = GPT(config)
+        model.load_state_dict(weights())
+        return model.eval()
+    return config, load
 
 
 def add_model_arguments(parser):
@@ -40,62 +51,105 @@ def add_model_arguments(parser):
     source.add_argument("--hf", help="a Hugging Face GPT-2 directory (config.json + weights)")
 
 
+def model_path_problem(args):
+    flag, path = ("--checkpoint", args.checkpoint) if args.checkpoint else ("--hf", args.hf)
+    return None if Path(path).exists() else f"{flag} {path}: not found"
+
+
+def check_eval_args(args):
+    problems = range_problems(args, [("batch", 1, True), ("limit", 1, True), ("seq_len", 1, True),
+                                     ("val_tokens", 1, True)])
+    if not (args.data or args.hellaswag):
+        problems.append("nothing to evaluate: give --data and/or --hellaswag")
+    for flag, needs in (("seq_len", "data"), ("val_tokens", "data"), ("limit", "hellaswag")):
+        if getattr(args, flag) is not None and not getattr(args, needs):
+            problems.append(f"--{flag} applies to --{needs}, which is not given")
+    return problems + [model_path_problem(args)]
+
+
+def check_against_model(args, config):
+    """The flags against the model's shape: (problems, the validation seq_len)."""
+    problems, seq_len = [], args.seq_len or config.block_size
+    if seq_len > config.block_size:
+        problems.append(f"--seq_len {seq_len} exceeds the model's block_size {config.block_size}")
+    elif args.data and (args.val_tokens or DEFAULT_VAL_TOKENS) < seq_len:
+        problems.append(f"--val_tokens {args.val_tokens or DEFAULT_VAL_TOKENS} is less than one sequence "
+                        f"(--seq_len {seq_len})")
+    if args.hellaswag and config.vocab_size < GPT2_VOCAB_SIZE:
+        problems.append(f"--hellaswag needs GPT-2's vocabulary: the model's vocab_size is {config.vocab_size} "
+                        f"< {GPT2_VOCAB_SIZE}")
+    return problems, seq_len
+
+
 def evaluate_main(argv=None):
-    parser = argparse.ArgumentParser(description="Validation loss and HellaSwag for a checkpoint or HF model.")
+    parser = Parser(description="Validation loss and HellaSwag for a checkpoint or HF model.")
     add_model_arguments(parser)
     parser.add_argument("--data", help="a shard directory: validation loss on its val split")
-    parser.add_argument("--seq_len", type=int, default=1024)
-    parser.add_argument("--val_tokens", type=int, default=10 * 2**20)
+    parser.add_argument("--seq_len", type=int, help="tokens per validation sequence (default: the model's block_size)")
+    parser.add_argument("--val_tokens", type=int, help=f"validation tokens (default: {DEFAULT_VAL_TOKENS})")
     parser.add_argument("--hellaswag", help="hellaswag_val.jsonl, llm.c's hellaswag_val.bin, or 'val' to download")
     parser.add_argument("--batch", type=int, default=8, help="sequences (val) / examples (HellaSwag) per forward")
     parser.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    exit_if(check_eval_args(args))
     try:
-        model, config = load_model(args)
-        results = {}
+        config, load_model = model_source(args)
+        problems, seq_len = check_against_model(args, config)
+        exit_if(problems)
+        val_set = examples = None
         if args.data:
-            val_set = ValidationSet(find_shards(args.data, "val"), min(args.seq_len, config.block_size),
-                                    args.val_tokens // args.seq_len, args.batch)
+            val_set = ValidationSet(find_shards(args.data, "val"), seq_len,
+                                    (args.val_tokens or DEFAULT_VAL_TOKENS) // seq_len, args.batch)
+            for path in dict.fromkeys(path for path, _ in val_set.windows):
+                check_token_range(path, config.vocab_size)
+        if args.hellaswag:
+            examples = hellaswag.load(args.hellaswag)[:args.limit]
+        model, results = load_model(), {}
+        if val_set:
             start = time.perf_counter()
             results["val_loss"] = validation_loss(model, val_set, torch.device("cpu"))
             results["val_tokens_per_s"] = len(val_set) * val_set.seq_len / (time.perf_counter() - start)
-        if args.hellaswag:
-            examples = hellaswag.load(args.hellaswag)[:args.limit]
+        if examples:
             start = time.perf_counter()
             scores = hellaswag.evaluate(model, examples, torch.device("cpu"), config.block_size, args.batch, progress=True)
             results.update({f"hellaswag_{k}": v for k, v in scores.items()})
             results["hellaswag_examples_per_s"] = len(examples) / (time.perf_counter() - start)
     except (DataError, hellaswag.HellaSwagError, InteropError, CheckpointError) as e:
         sys.exit(f"error: {e}")
-    if not results:
-        sys.exit("error: nothing to evaluate: give --data and/or --hellaswag")
     print(json.dumps(results) if args.json else "\n".join(f"{k:28s} {v:.4f}" if isinstance(v, float)
                                                          else f"{k:28s} {v}" for k, v in results.items()))
 
 
 def sample_main(argv=None):
-    parser = argparse.ArgumentParser(description="Sample text from a checkpoint or HF model.")
+    parser = Parser(description="Sample text from a checkpoint or HF model.")
     add_model_arguments(parser)
-    parser.add_argument("--prompt", default="\n")
+    parser.add_argument("--prompt", default="\n",
+                        help='the text to continue (default: a newline); "" starts from <|endoftext|>, as GPT-2\'s '
+                             'unconditional samples do')
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top_k", type=int, default=50)
+    parser.add_argument("--top_k", type=int, default=50,
+                        help=f"sample among the k likeliest tokens; k >= {GPT2_VOCAB_SIZE} (the vocabulary): all of them")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_samples", type=int, default=1)
     args = parser.parse_args(argv)
-    if args.temperature <= 0 or args.top_k < 1:
-        sys.exit("error: --temperature must be > 0 and --top_k >= 1")
+    exit_if(range_problems(args, [("max_new_tokens", 1, True), ("temperature", 0, False), ("top_k", 1, True),
+                                  ("num_samples", 1, True)]) + [model_path_problem(args)])
     try:
-        model, _ = load_model(args)
+        config, load_model = model_source(args)
+        exit_if([f"the model's vocab_size {config.vocab_size} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: its "
+                 f"samples cannot be written as GPT-2 text"] if config.vocab_size < GPT2_VOCAB_SIZE else [])
+        model = load_model()
     except (InteropError, CheckpointError) as e:
         sys.exit(f"error: {e}")
     tokenizer = gpt2_tokenizer()
+    prompt = tokenizer.encode_ordinary(args.prompt) or [EOT_TOKEN]  # "" (nothing to continue): a new document
     generator = torch.Generator().manual_seed(args.seed)  # one stream: the samples differ, the run repeats
     for i in range(args.num_samples):
-        tokens = sample(model, tokenizer.encode_ordinary(args.prompt), args.max_new_tokens, generator,
-                        torch.device("cpu"), args.temperature, args.top_k)
-        print(f"--- sample {i}\n{tokenizer.decode(tokens)}")
+        tokens = sample(model, prompt, args.max_new_tokens, generator, torch.device("cpu"), args.temperature,
+                        args.top_k)
+        print(f"--- sample {i}\n{tokenizer.decode(tokens[1:] if args.prompt == '' else tokens)}")
 
 
 if __name__ == "__main__":

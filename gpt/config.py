@@ -232,8 +232,9 @@ def validate(settings, world_size, device_type="cpu"):
         raise ConfigError("\n".join(problems))
     try:
         ds_config = dsc.load(settings.ds_config)
-        problems += dsc.problems(ds_config, settings.ds_config)
-        if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
+        found = dsc.problems(ds_config, settings.ds_config)
+        problems += found
+        if not found and device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
             problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                             f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
     except dsc.DeepSpeedConfigError as e:

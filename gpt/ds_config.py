@@ -14,6 +14,11 @@ DEEPSPEED_SECTIONS = {"zero_optimization", "activation_checkpointing", "flops_pr
                       "curriculum_learning", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                       "train_batch_size", "optimizer", "scheduler", "fp16", "bf16", "data_types",
                       "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer"}
+# What the trainer decides from its flags; in the JSON it would be silently overwritten, so it is refused.
+RUN_DECIDES = {"train_batch_size": "--total_batch_tokens and --seq_len",
+               "train_micro_batch_size_per_gpu": "--micro_batch",
+               "gradient_accumulation_steps": "--total_batch_tokens, --micro_batch, --seq_len and the world size",
+               "scheduler": "--lr, --warmup_steps, --max_steps and --min_lr_ratio: the GPT-3 schedule"}
 OPTIMIZERS = ("AdamW", "Adam")  # what this trainer's schedule and parameter groups are made for
 
 
@@ -83,8 +88,19 @@ def value_problems(ds_config, path):
     for section in ("zero_optimization", "optimizer", "fp16", "bf16", "data_types", "activation_checkpointing"):
         if section in ds_config and not isinstance(ds_config[section], dict):
             found.append(f"{path}: '{section}' must be a JSON object, got {json.dumps(ds_config[section])}")
+    for key, flags in RUN_DECIDES.items():
+        if key in ds_config:
+            found.append(f"{path}: '{key}' is decided by the trainer (from {flags}): remove it from the JSON")
     if found:
         return found
+    for section in ("fp16", "bf16"):
+        enabled = ds_config.get(section, {}).get("enabled", False)
+        if not isinstance(enabled, bool):
+            found.append(f"{path}: {section}.enabled {json.dumps(enabled)} must be true or false")
+    offloaded = [k for k in ("offload_optimizer", "offload_param") if k in ds_config.get("zero_optimization", {})]
+    if offloaded:
+        found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
+                     f"CPU optimizer is untested here)")
     stage = ds_config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2) or isinstance(stage, bool):
         found.append(f"{path}: zero_optimization.stage {json.dumps(stage)} is not supported: use 0, 1 or 2 "
@@ -102,6 +118,10 @@ def value_problems(ds_config, path):
             found.append(f"{path}: optimizer.params.betas {json.dumps(betas)} must be two numbers in [0, 1)")
         if not _finite(params.get("eps", 1e-8), 0, high_open=True) or params.get("eps", 1e-8) <= 0:
             found.append(f"{path}: optimizer.params.eps {json.dumps(params.get('eps'))} must be a small positive number")
+        for key in ("lr", "weight_decay"):
+            if key in params:
+                found.append(f"{path}: optimizer.params.{key} is decided by the trainer (from --{key}): remove it "
+                             f"from the JSON")
     if not _finite(ds_config.get("gradient_clipping", 0), 0):
         found.append(f"{path}: gradient_clipping {json.dumps(ds_config.get('gradient_clipping'))} must be a finite "
                      f"number >= 0 (0: off)")

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from gpt.args import json_line
 from gpt.tokenizer import gpt2_tokenizer
 
 OFFICIAL_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -33,21 +34,35 @@ class Example:
     label: int
 
 
+def parse_example(line, where):
+    """(context, endings, label) of one official jsonl line, or an error naming where it is."""
+    row = json_line(line, where, HellaSwagError)
+    if not isinstance(row, dict):
+        raise HellaSwagError(f"{where}: expected a JSON object with ctx, endings and label")
+    for key in ("ctx", "endings", "label"):
+        if key not in row:
+            raise HellaSwagError(f"{where}: no '{key}' field")
+    context, endings, label = row["ctx"], row["endings"], row["label"]
+    if not isinstance(context, str):
+        raise HellaSwagError(f"{where}: 'ctx' must be a string, got {json.dumps(context)[:40]}")
+    if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
+        raise HellaSwagError(f"{where}: 'endings' must be a list of 4 strings, got {json.dumps(endings)[:40]}")
+    if isinstance(label, str) and label in ("0", "1", "2", "3"):  # some copies hold the label as a string
+        label = int(label)
+    if type(label) is not int or not 0 <= label <= 3:
+        raise HellaSwagError(f"{where}: 'label' must be 0, 1, 2 or 3, got {json.dumps(label)[:40]}")
+    return context, endings, label
+
+
 def read_jsonl(path):
     """Examples from the official jsonl; each ending is tokenized with a leading space, as GPT-2 saw text."""
     tokenizer = gpt2_tokenizer()
     examples = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for line_number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-                context, endings, label = row["ctx"], row["endings"], int(row["label"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise HellaSwagError(f"{path}:{line_number}: not a HellaSwag example ({type(e).__name__}: {e})") from None
-            if len(endings) != 4 or not 0 <= label < 4:
-                raise HellaSwagError(f"{path}:{line_number}: expected 4 endings and a label in 0..3")
+            context, endings, label = parse_example(line, f"{path}:{line_number}")
             examples.append(Example(tuple(tokenizer.encode_ordinary(context)),
                                     tuple(tuple(tokenizer.encode_ordinary(" " + e)) for e in endings), label))
     if not examples:
@@ -84,8 +99,13 @@ def read_llmc_bin(path):
                 cursor += 1 + n
         except IndexError:
             raise HellaSwagError(f"{path}: example {index} is truncated or misaligned") from None
+        if count != 4 or not 0 <= label < 4:
+            raise HellaSwagError(f"{path}: example {index}: expected 4 endings and a label in 0..3, "
+                                 f"found {count} and {label}")
         examples.append(Example(lists[0], tuple(lists[1:]), label))
         position += size
+    if not examples:
+        raise HellaSwagError(f"{path}: no examples")
     return examples
 
 
@@ -105,7 +125,7 @@ def load(path, cache_dir=None):
         path = cache
     path = Path(path)
     if not path.is_file():
-        raise HellaSwagError(f"{path}: file not found")
+        raise HellaSwagError(f"{path}: {'a directory, not a file' if path.is_dir() else 'file not found'}")
     return read_llmc_bin(path) if path.suffix == ".bin" else read_jsonl(path)
 
 

@@ -3,21 +3,25 @@
 
     gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.hf ...
 
+An --out_dir that already holds a model's files is refused unless --overwrite is given.
+
 Our parameter names are HF's; two differences remain: HF's Conv1D stores Linear weights as (in, out),
 and our embedding is padded from 50257 to 50304 rows (the padding is dropped on export, zero on import).
 """
-import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from gpt.checkpoint import read_weights
+from gpt.args import Parser, exit_if, out_dir_problem
+from gpt.checkpoint import COMPLETE, complete_tags, read_weights
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
+MODEL_FILES = ("config.json", "model.safetensors")  # what an export writes, and --overwrite replaces
 
 
 class InteropError(ValueError):
@@ -111,28 +115,53 @@ def load_hf_weights(directory, config):
 
 
 def export(checkpoint_path, out_dir):
+    """Write out_dir/model.safetensors and config.json, each under a temporary name renamed when complete."""
     from safetensors.torch import save_file
 
     state, config = read_weights(checkpoint_path)
+    if config.vocab_size < GPT2_VOCAB_SIZE:
+        raise InteropError(f"{checkpoint_path}: vocab_size {config.vocab_size} is smaller than GPT-2's "
+                           f"{GPT2_VOCAB_SIZE}: not a GPT-2 model transformers could load")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(to_hf(state), out_dir / "model.safetensors", metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(hf_config(config), indent=2))
+    save_file(to_hf(state), out_dir / "model.safetensors.tmp", metadata={"format": "pt"})
+    os.replace(out_dir / "model.safetensors.tmp", out_dir / "model.safetensors")
+    (out_dir / "config.json.tmp").write_text(json.dumps(hf_config(config), indent=2))
+    os.replace(out_dir / "config.json.tmp", out_dir / "config.json")
     return out_dir
 
 
+def check_args(args):
+    """The checkpoint exists; --out_dir can be written and holds neither checkpoints nor (without --overwrite)
+    another model's files."""
+    out = Path(args.out_dir)
+    if not Path(args.checkpoint).exists():
+        return [f"{args.checkpoint}: checkpoint not found"]
+    problem = out_dir_problem("--out_dir", out)
+    if problem or not out.is_dir():
+        return [problem]
+    if (out / COMPLETE).exists() or complete_tags(out):
+        return [f"--out_dir {out} holds dsgpt checkpoints: export into a directory of its own"]
+    held = [name for name in MODEL_FILES if (out / name).exists()]
+    if held and not args.overwrite:
+        return [f"--out_dir {out} already holds {', '.join(held)}: give --overwrite to replace them, or another --out_dir"]
+    return []
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
+    parser = Parser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
     parser.add_argument("checkpoint", help="a checkpoint directory (or its checkpoints/ parent: the newest)")
     parser.add_argument("--out_dir", required=True)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the config.json and model.safetensors --out_dir already holds")
     args = parser.parse_args(argv)
+    exit_if(check_args(args))
     try:
         out = export(args.checkpoint, args.out_dir)
-    except (InteropError, ValueError) as e:
+    except (ValueError, OSError) as e:  # InteropError, CheckpointError; a full disk
         sys.exit(f"error: {e}")
     print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")
 
 
 if __name__ == "__main__":
     main()
-

@@ -18,7 +18,6 @@ Per GPU it adds up
   allocator margin,
 and returns the largest micro-batch that fits and the gradient accumulation for --total_batch_tokens.
 """
-import argparse
 import functools
 import json
 import sys
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from gpt import ds_config as dsc
+from gpt.args import Parser, exit_if, range_problems
 from gpt.config import GPT3_TOKENS_PER_STEP, ConfigError, add_model_arguments, model_config
 from gpt.loss import CHUNK_ROWS, LOSSES
 from gpt.memory import (expandable_segments, measure_loss_chunk_bytes, measure_step_bytes,
@@ -271,7 +271,7 @@ def format_plan(plan, label):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Plan per-GPU memory and the largest micro-batch.")
+    p = Parser(description="Plan per-GPU memory and the largest micro-batch.")
     add_model_arguments(p)
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json")
@@ -287,15 +287,34 @@ def build_parser():
     return p
 
 
+def check_args(args):
+    """Everything gpt-plan can check before planning, one line per problem; returns (problems, model config)."""
+    problems = range_problems(args, [("seq_len", 1, True), ("world_size", 1, True), ("total_batch_tokens", 1, True),
+                                     ("gpu_mem", 0, False), ("n_layer", 1, True), ("n_embd", 1, True),
+                                     ("n_head", 1, True)])
+    if (args.gpu is None) == (args.gpu_mem is None):
+        problems.append("give --gpu (one of " + ", ".join(sorted(GPUS)) + ") or --gpu_mem GiB" +
+                        (", not both" if args.gpu else ""))
+    if problems:  # the checks below assume sane numbers
+        return problems, None
+    config = model_config(args.model, args.n_layer, args.n_embd, args.n_head)
+    if config.n_embd % config.n_head:
+        problems.append(f"n_embd {config.n_embd} is not divisible by n_head {config.n_head}")
+    if args.seq_len > config.block_size:
+        problems.append(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size} ({args.model})")
+    per_micro_batch = args.seq_len * args.world_size  # tokens of one sequence per rank
+    if args.total_batch_tokens % per_micro_batch:
+        problems.append(f"--total_batch_tokens {args.total_batch_tokens} is not divisible by seq_len x world = "
+                        f"{args.seq_len} x {args.world_size} = {per_micro_batch}, so by no micro_batch x seq_len x world")
+    return problems, config
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    problems, config = check_args(args)
+    exit_if(problems)
     try:
-        if args.gpu_mem is None and args.gpu is None:
-            raise PlanError("give --gpu (one of " + ", ".join(sorted(GPUS)) + ") or --gpu_mem GiB")
         device_bytes = args.gpu_mem * GiB if args.gpu_mem is not None else GPUS[args.gpu]
-        config = model_config(args.model, args.n_layer, args.n_embd, args.n_head)
-        if args.seq_len > config.block_size:
-            raise PlanError(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size}")
         allocator = args.allocator or ("expandable_segments" if trainer_uses_expandable_segments() else "default")
         plan = make_plan(config, args.seq_len, dsc.load_checked(args.ds_config), args.world_size, device_bytes,
                          args.total_batch_tokens, args.loss, allocator)

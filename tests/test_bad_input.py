@@ -185,6 +185,22 @@ TRAIN_CASES = [
      "error: {path}: gradient_clipping -1 must be a finite number >= 0 (0: off)"),
     (lambda t: ["--ds_config", ds_json(t, zero_optimization=[1])],
      "error: {path}: 'zero_optimization' must be a JSON object, got [1]"),
+    (lambda t: ["--ds_config", ds_json(t, train_batch_size=7)],
+     "error: {path}: 'train_batch_size' is decided by the trainer (from --total_batch_tokens and --seq_len): remove "
+     "it from the JSON"),
+    (lambda t: ["--ds_config", ds_json(t, gradient_accumulation_steps=5)],
+     "error: {path}: 'gradient_accumulation_steps' is decided by the trainer (from --total_batch_tokens, "
+     "--micro_batch, --seq_len and the world size): remove it from the JSON"),
+    (lambda t: ["--ds_config", ds_json(t, scheduler={"type": "WarmupLR"})],
+     "error: {path}: 'scheduler' is decided by the trainer (from --lr, --warmup_steps, --max_steps and "
+     "--min_lr_ratio: the GPT-3 schedule): remove it from the JSON"),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"lr": "high"}})],
+     "error: {path}: optimizer.params.lr is decided by the trainer (from --lr): remove it from the JSON"),
+    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": "yes"})],
+     'error: {path}: fp16.enabled "yes" must be true or false'),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "offload_optimizer": {"device": "cpu"}})],
+     "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
+     "optimizer is untested here)"),
     (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
      'parameters themselves, which this trainer does not handle)'),

@@ -94,7 +94,7 @@ def test_bad_bin_files(hellaswag_files, tmp_path, corrupt, message):
 def test_bad_jsonl_and_missing_files(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"ctx": "a", "endings": ["b"] * 4, "label": 1}) + "\n" + '{"ctx": "a"}\n')
-    with pytest.raises(hellaswag.HellaSwagError, match=r"bad.jsonl:2: not a HellaSwag example \(KeyError"):
+    with pytest.raises(hellaswag.HellaSwagError, match=r"bad.jsonl:2: no 'endings' field"):
         hellaswag.load(path)
     with pytest.raises(hellaswag.HellaSwagError, match="nope.jsonl: file not found"):
         hellaswag.load(tmp_path / "nope.jsonl")

@@ -12,13 +12,6 @@ from gpt.hf import InteropError, export, load_hf_weights
 from gpt.model import GPT, PRESETS
 
 
-@pytest.fixture(scope="module")
-def trained_checkpoint(tmp_path_factory, shakespeare_dir):
-    out = tmp_path_factory.mktemp("trained")
-    train(out, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3")
-    return out / "checkpoints"
-
-
 def our_model(state):
     model = GPT(PRESETS["tiny"]).eval()
     model.load_state_dict(state)

@@ -143,7 +143,7 @@ def test_cli_json_and_errors(capsys):
     assert {"max_micro_batch", "total_bytes", "gpu_bytes", "bytes"} <= set(plan) and plan["gpu_bytes"] == GPUS["a800-80gb"]
     assert plan["loss"] == "fused" and plan["allocator"] == "expandable_segments"  # the trainer's defaults
     code, _, err = gpt_plan(capsys, "--gpu", "tpu-v9")
-    assert code == 2 and "invalid choice: 'tpu-v9'" in err
+    assert code == 1 and "invalid choice: 'tpu-v9'" in err
     code, _, err = gpt_plan(capsys, "--model", "d48", "--ds_config", "ds_configs/zero1_bf16.json", "--gpu", "v100-16gb",
                             "--world_size", "1")
     assert code == 1 and err.startswith("error: even micro-batch 1 needs 3")

@@ -116,4 +116,4 @@ def test_bad_file_inputs_are_clear_errors(tmp_path):
     proc = run_prepare("files", str(tmp_path / "a.jsonl"), "--out_dir", str(tmp_path / "out"))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: {tmp_path / 'a.jsonl'}: no 'text' field (fields: body); choose one with --text_field")
+        f"error: {tmp_path / 'a.jsonl'}:1: no 'text' field (fields: body); choose one with --text_field")

@@ -1,0 +1,56 @@
+"""Bad input to the console scripts (gpt-prepare, gpt-plan, gpt-eval, gpt-sample, gpt-export): one line per
+problem on stderr, `error: <the flag or file>: <the problem>`, and exit status 1, malformed flags included;
+checked before anything is loaded or written."""
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, reporting a malformed command line as the commands report any bad input: one line, status 1."""
+
+    def error(self, message):
+        sys.exit(f"error: {message}")
+
+
+def range_problems(args, ranges):
+    """'--name value must be a finite number >= least' (or > least) for each flag out of range, NaN included.
+    ranges: (name, least, inclusive); flags left unset (None) are skipped."""
+    problems = []
+    for name, least, inclusive in ranges:
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and (value >= least if inclusive else value > least)):
+            problems.append(f"--{name} {value} must be a finite number {'>=' if inclusive else '>'} {least}")
+    return problems
+
+
+def out_dir_problem(flag, out_dir):
+    """Why `out_dir` cannot be made or written (a file, or a file or unwritable directory in its way), or None."""
+    out_dir = Path(out_dir)
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        return f"{flag} {out_dir}" + (" is a file" if existing == out_dir else f": {existing} is a file") + \
+            ", not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {out_dir}: {existing} is not writable"
+    return None
+
+
+def exit_if(problems):
+    """Exit with status 1 and one `error:` line per problem, if there are any."""
+    problems = [p for p in problems if p]
+    if problems:
+        sys.exit("\n".join(f"error: {p}" for p in problems))
+
+
+def json_line(line, where, error):
+    """One line of a JSON Lines file (bytes) decoded, or `error` naming where it is and what is wrong."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
