@@ -10,10 +10,17 @@ from pathlib import Path
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, reporting a malformed command line as the commands report any bad input: one line, status 1."""
+    """argparse, reporting a malformed command line as the commands report any bad input: one line (not the
+    usage), exit status `error_status` (1; the trainer's 2), said by rank 0 only when a launcher started ranks."""
+
+    def __init__(self, *args, error_status=1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_status = error_status
 
     def error(self, message):
-        sys.exit(f"error: {message}")
+        if os.environ.get("RANK", "0") == "0":  # the launcher's rank: no process group exists yet
+            print(f"error: {message}", file=sys.stderr)
+        sys.exit(self.error_status)
 
 
 def range_problems(args, ranges):

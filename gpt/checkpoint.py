@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from gpt import dist
+from gpt.args import out_dir_problem
 from gpt.metrics import say
 from gpt.model import GPTConfig
 
@@ -171,7 +172,7 @@ def find_checkpoint(resume, out_dir):
             return found
     if path.is_dir() and TAG_PATTERN.match(path.name):
         raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE}: the save was interrupted)")
-    raise CheckpointError(f"{path}: no complete checkpoint found")
+    raise CheckpointError(f"{path}: {'no complete checkpoint found' if path.exists() else 'not found'}")
 
 
 def check_resume_target(resume_from, out_dir):
@@ -203,12 +204,9 @@ def set_aside_damaged(ckpt_dir):
 
 def check_writable(out_dir):
     """--out_dir can be made and written: its nearest existing ancestor is a writable directory."""
-    out_dir = Path(out_dir)
-    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
-    if existing != out_dir and not existing.is_dir():
-        raise CheckpointError(f"--out_dir {out_dir}: {existing} is a file, not a directory")
-    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
-        raise CheckpointError(f"--out_dir {out_dir}: {existing} is not writable")
+    problem = out_dir_problem("--out_dir", out_dir)
+    if problem:
+        raise CheckpointError(problem)
 
 
 def check_fresh_out_dir(out_dir):

@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from gpt import ds_config as dsc
+from gpt.args import Parser
 from gpt.data import DataError, check_lengths, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
 from gpt.loss import LOSSES
@@ -86,7 +87,7 @@ def parse(argv=None):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Pretrain GPT-2 with DeepSpeed.")
+    p = Parser(description="Pretrain GPT-2 with DeepSpeed.", error_status=2)
     p.add_argument("--ds_config", default="ds_configs/zero1_bf16.json", help="DeepSpeed JSON (ds_configs/)")
     add_model_arguments(p)
     p.add_argument("--vocab_size", type=int, default=PADDED_VOCAB_SIZE,
@@ -215,6 +216,8 @@ def number_problems(settings):
                         f"turn validation off with --val_every 0")
     if settings.micro_batch != "auto" and settings.micro_batch <= 0:
         problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
+    if not 0 <= settings.seed < 2**63:  # numpy's and torch's generators take no negative seed
+        problems.append(f"--seed {settings.seed} must lie in [0, 2**63)")
     if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
         problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
     for name in ("n_layer", "n_embd", "n_head"):

@@ -29,6 +29,8 @@ class DeepSpeedConfigError(ValueError):
 def load(path):
     """The DeepSpeed JSON as a dict, or a one-line reason why not."""
     path = Path(path)
+    if path.is_dir():
+        raise DeepSpeedConfigError(f"{path}: a directory, not a DeepSpeed JSON file")
     if not path.is_file():
         raise DeepSpeedConfigError(f"{path}: DeepSpeed config not found")
     try:

@@ -8,6 +8,7 @@ An --out_dir that already holds a model's files is refused unless --overwrite is
 Our parameter names are HF's; two differences remain: HF's Conv1D stores Linear weights as (in, out),
 and our embedding is padded from 50257 to 50304 rows (the padding is dropped on export, zero on import).
 """
+import functools
 import json
 import os
 import sys
@@ -17,11 +18,12 @@ import torch
 
 from gpt.args import Parser, exit_if, out_dir_problem
 from gpt.checkpoint import COMPLETE, complete_tags, read_weights
-from gpt.model import GPT2_VOCAB_SIZE, GPTConfig
+from gpt.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
-MODEL_FILES = ("config.json", "model.safetensors")  # what an export writes, and --overwrite replaces
+MODEL_FILES = ("config.json", "model.safetensors")
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")  # what read_hf_config requires  # what an export writes, and --overwrite replaces
 
 
 class InteropError(ValueError):
@@ -77,11 +79,21 @@ def from_hf(hf_state_dict, config):
 
 def read_hf_config(directory):
     path = Path(directory) / "config.json"
+    if not Path(directory).is_dir():
+        raise InteropError(f"{directory}: {'not a directory' if Path(directory).exists() else 'not found'}")
     if not path.is_file():
         raise InteropError(f"{directory}: no config.json (not a Hugging Face model directory)")
-    hf = json.loads(path.read_text())
-    if hf.get("model_type") != "gpt2":
-        raise InteropError(f"{path}: model_type {hf.get('model_type')!r}, expected 'gpt2'")
+    try:
+        hf = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InteropError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
+        raise InteropError(f"{path}: model_type {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
+                           f"expected 'gpt2'")
+    bad = [k for k in SHAPE_KEYS if not (type(hf.get(k)) is int and hf[k] > 0)]
+    if bad:
+        raise InteropError(f"{path}: {', '.join(bad)} must be positive whole numbers (got "
+                           f"{', '.join(json.dumps(hf.get(k)) for k in bad)})")
     return hf
 
 
@@ -104,13 +116,25 @@ def load_hf_weights(directory, config):
     directory = Path(directory)
     if (directory / "model.safetensors").is_file():
         from safetensors.torch import load_file
-        hf_state = load_file(directory / "model.safetensors")
+        path, load = directory / "model.safetensors", load_file
     elif (directory / "pytorch_model.bin").is_file():
-        hf_state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        path = directory / "pytorch_model.bin"
+        load = functools.partial(torch.load, map_location="cpu", weights_only=True)
     else:
         raise InteropError(f"{directory}: no model.safetensors or pytorch_model.bin")
-    state = from_hf(hf_state, config)
-    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]  # n_positions may be larger
+    try:
+        hf_state = load(path)
+        state = from_hf(hf_state, config)
+    except Exception as e:  # safetensors' and pickle's errors share no base class: any is a bad file
+        raise InteropError(f"{path}: unreadable GPT-2 weights ({type(e).__name__}: {str(e)[:200]})") from None
+    if "transformer.wpe.weight" in state:  # n_positions may be larger than our block_size
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]
+    with torch.device("meta"):  # the shapes our model expects, without allocating it
+        expected = {k: v.shape for k, v in GPT(config).state_dict().items()}
+    wrong = sorted(set(expected) ^ set(state)) + [k for k in expected if k in state and state[k].shape != expected[k]]
+    if wrong:
+        raise InteropError(f"{path}: does not hold GPT-2's parameters for this shape (missing, extra or misshapen: "
+                           f"{', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})")
     return state
 
 

@@ -87,8 +87,8 @@ def shakespeare_corpus(args):
     return Corpus(splits["val"] + splits["train"], val_documents=len(splits["val"]))
 
 
-JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "an array",
-              dict: "an object"}
+JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+              list: "an array", dict: "an object"}
 
 
 def record_text(row, text_field, where):
@@ -139,6 +139,13 @@ def read_text(path):
 def json_texts(path, text_field):
     """The text of each record of a JSON Lines file (or of a .json array of records), gzipped or not; a bad
     record is an error naming its line."""
+    try:
+        yield from _json_texts(path, text_field)
+    except (OSError, EOFError) as e:  # gzip: not gzip data, or cut short
+        raise DataError(f"{path}: {'damaged gzip file' if path.endswith('.gz') else 'unreadable'} ({e})") from None
+
+
+def _json_texts(path, text_field):
     with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
         if f.read(64).lstrip().startswith(b"["):  # one JSON array
             f.seek(0)

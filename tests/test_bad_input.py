@@ -1,4 +1,5 @@
-"""Bad input: one clear line per problem on stderr and exit status 2, before any worker starts."""
+"""Bad input to the trainer: one clear line per problem on stderr and exit status 2, before any worker starts,
+and nothing written. (The console scripts' table is tests/test_bad_input_scripts.py.)"""
 import json
 import subprocess
 import sys
@@ -201,6 +202,22 @@ TRAIN_CASES = [
     (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "offload_optimizer": {"device": "cpu"}})],
      "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
      "optimizer is untested here)"),
+    (["--seed", "-1"], "error: --seed -1 must lie in [0, 2**63)"),
+    (["--micro_batch", "0"], "error: --micro_batch must be positive or 'auto' (got 0)"),
+    (["--micro_batch", "many"], "error: argument --micro_batch: expected a whole number or 'auto', got 'many'"),
+    (["--lr_rate", "3"], "error: unrecognized arguments: --lr_rate 3"),
+    (["--model", "d99"], "error: argument --model: invalid choice: 'd99' (choose from 'd12', 'd24', 'd36', 'd4', "
+                         "'d48', 'tiny')"),
+    (["--warmup_steps", "50", "--max_steps", "10"], "error: --warmup_steps 50 must lie in [0, --max_steps 10]"),
+    (["--n_embd", "100", "--n_head", "3"], "error: n_embd 100 is not divisible by n_head 3"),
+    (["--sample_every", "5", "--sample_tokens", "0"], "error: --sample_tokens 0 must be a finite number >= 1"),
+    (["--ds_config", "ds_configs"], "error: ds_configs: a directory, not a DeepSpeed JSON file"),
+    (lambda t: ["--resume", str(t / "nope")], "error: {tmp}/nope: not found"),
+    (lambda t: ["--init_from", str(t / "nope")], "error: {tmp}/nope: not found"),
+    (lambda t: (t / "hf").mkdir() or (t / "hf" / "config.json").write_text("{") and ["--init_from", str(t / "hf")],
+     "error: {tmp}/hf/config.json: invalid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+     "(char 1))"),
+    (lambda t: ["--hellaswag", str(t / "nope.jsonl")], "error: {tmp}/nope.jsonl: file not found"),
     (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
      'parameters themselves, which this trainer does not handle)'),
@@ -228,7 +245,9 @@ def test_bad_training_input_is_one_line_and_exit_2(run_main, tmp_path, flags, ex
     (["--ds_config", "ds_configs/zero1_fp16.json"],
      "error: ds_configs/zero1_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
      "ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)"),
-], ids=["lr", "indivisible", "fp16"])
+    (["--model", "d99"], "error: argument --model: invalid choice: 'd99' (choose from 'd12', 'd24', 'd36', 'd4', "
+                         "'d48', 'tiny')"),
+], ids=["lr", "indivisible", "fp16", "argparse"])
 def test_two_ranks_say_it_once_and_exit_2(shakespeare_dir, tmp_path, flags, expected):
     proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
                            "--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
@@ -288,3 +307,20 @@ def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tm
     proc = prepare("files", str(text), "--out_dir", str(data), "--name", "shakespeare")
     assert proc.returncode == 1 and "was prepared with other settings" in proc.stderr, proc.stderr
     assert snapshot(data) == before
+
+
+def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_dir, tmp_path):
+    """The data-loss case on 2 ranks: said once, exit 2, the earlier run's files untouched."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
+    before = snapshot(out)
+    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
+                           "--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
+                           "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(shakespeare_dir),
+                           "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
+        f"error: --out_dir {out} holds an earlier run (metrics.jsonl): continue it with --resume auto, or start "
+        f"afresh with another --out_dir"]
+    assert snapshot(out) == before

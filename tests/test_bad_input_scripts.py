@@ -1,0 +1,264 @@
+"""Bad input to the console scripts, table-driven: each case is one line on stderr naming the thing and the
+problem, exit status 1, no traceback, and nothing on disk changed (the inputs, the checkpoint, the shards
+and the output directory). Each runs the script's main() in this process: fast, and an exception that
+escapes fails the case. (The trainer's own table is tests/test_bad_input.py.)"""
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from gpt import cli, hf, plan, prepare
+from gpt.data import write_shard
+
+SCRIPTS = {"gpt-prepare": prepare.main, "gpt-plan": plan.main, "gpt-eval": cli.evaluate_main,
+           "gpt-sample": cli.sample_main, "gpt-export": hf.main}
+HELLASWAG = {"ctx": "A man sits down.", "endings": ["He eats.", "He runs.", "He sings.", "He sleeps."], "label": 1}
+HF_CONFIG = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 256, "vocab_size": 50257}
+
+
+def jsonl(*rows):
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+# name -> file contents (str or bytes); a name ending in / is a directory holding the files named after it
+BAD_FILES = {
+    "empty.txt": "", "spaces.txt": "  \n\n", "binary.txt": bytes(range(128, 256)) * 8, "good.txt": "Some words. " * 50,
+    "empty.jsonl": "", "blank.jsonl": "\n\n", "null.jsonl": jsonl({"text": None}), "number.jsonl": jsonl({"text": 5}),
+    "broken.jsonl": '{"text": "a"}\n{"text": \n', "array_rows.jsonl": "[1, 2]\n", "body.jsonl": jsonl({"body": "x"}),
+    "strings.json": '["a", "b"]', "cut.json": '[{"text": "a"},', "table.csv": "a,b\n", "plain.jsonl.gz": jsonl({"text": "a"}),
+    "random.parquet": bytes(range(256)), "few_docs.jsonl": jsonl(*[{"text": "Hello there. " * 40}] * 30),
+    "hs_string_endings.jsonl": jsonl({**HELLASWAG, "endings": "abcd"}),
+    "hs_three_endings.jsonl": jsonl({**HELLASWAG, "endings": HELLASWAG["endings"][:3]}),
+    "hs_label_7.jsonl": jsonl({**HELLASWAG, "label": 7}), "hs_null_ctx.jsonl": jsonl({**HELLASWAG, "ctx": None}),
+    "hs_no_label.jsonl": jsonl({k: v for k, v in HELLASWAG.items() if k != "label"}),
+    "hs_broken.jsonl": "{nope\n", "hs_empty.jsonl": "", "hs_short.bin": bytes(300), "a_file": "x",
+    "hf_bad_json/config.json": "{bad", "hf_no_shape/config.json": json.dumps({"model_type": "gpt2"}),
+    "hf_bert/config.json": json.dumps({**HF_CONFIG, "model_type": "bert"}),
+    "hf_no_weights/config.json": json.dumps(HF_CONFIG),
+    "hf_bad_weights/config.json": json.dumps(HF_CONFIG), "hf_bad_weights/model.safetensors": b"garbage" * 10,
+    "no_shards/readme.txt": "nothing here",
+}
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_files")
+    for name, content in BAD_FILES.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    with gzip.open(root / "good.jsonl.gz", "wt") as f:
+        f.write(jsonl({"text": "x " * 100}))
+    (root / "cut.jsonl.gz").write_bytes((root / "good.jsonl.gz").read_bytes()[:30])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"body": ["a", "b"]}), root / "body.parquet")
+    pq.write_table(pa.table({"text": [1, 2]}), root / "numbers.parquet")
+    pq.write_table(pa.table({"text": ["a", None]}), root / "null.parquet")
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), root / "no_rows.parquet")
+    (root / "wide_tokens").mkdir()
+    write_shard(root / "wide_tokens" / "x_val_000000.bin", np.full(5000, 60000))  # ids beyond the vocabulary
+    (root / "short_val").mkdir()
+    write_shard(root / "short_val" / "x_val_000000.bin", np.arange(100))
+    return root
+
+
+# (script, its arguments, the line expected on stderr). In both: {in} the bad files, {out} a fresh output
+# path, {ckpt} a trained checkpoints/ directory, {data} the Shakespeare shards. A line ending in "..." is a prefix.
+CASES = [
+    # gpt-prepare: sources
+    ("gpt-prepare", "files {in}/missing.txt --out_dir {out}", "error: {in}/missing.txt: file not found"),
+    ("gpt-prepare", "files {in}/good.txt {in}/missing.txt --out_dir {out}", "error: {in}/missing.txt: file not found"),
+    ("gpt-prepare", "files {in}/empty.txt --out_dir {out}", "error: {in}/empty.txt: empty file"),
+    ("gpt-prepare", "files {in}/spaces.txt --out_dir {out}", "error: {in}/spaces.txt: only whitespace"),
+    ("gpt-prepare", "files {in}/binary.txt --out_dir {out}",
+     "error: {in}/binary.txt: not UTF-8 text (byte 0x80 at offset 0)"),
+    ("gpt-prepare", "files {in}/empty.jsonl --out_dir {out}", "error: {in}/empty.jsonl: empty file"),
+    ("gpt-prepare", "files {in}/blank.jsonl --out_dir {out}", "error: {in}/blank.jsonl: no records"),
+    ("gpt-prepare", "files {in}/null.jsonl --out_dir {out}", "error: {in}/null.jsonl:1: 'text' is null, not a string"),
+    ("gpt-prepare", "files {in}/number.jsonl --out_dir {out}",
+     "error: {in}/number.jsonl:1: 'text' is a number, not a string"),
+    ("gpt-prepare", "files {in}/broken.jsonl --out_dir {out}",
+     "error: {in}/broken.jsonl:2: invalid JSON (Expecting value at column 1)"),
+    ("gpt-prepare", "files {in}/array_rows.jsonl --out_dir {out}",
+     "error: {in}/array_rows.jsonl: record 1: expected a JSON object with a 'text' field, got a number"),
+    ("gpt-prepare", "files {in}/body.jsonl --out_dir {out}",
+     "error: {in}/body.jsonl:1: no 'text' field (fields: body); choose one with --text_field"),
+    ("gpt-prepare", "files {in}/strings.json --out_dir {out}",
+     "error: {in}/strings.json: record 1: expected a JSON object with a 'text' field, got a string"),
+    ("gpt-prepare", "files {in}/cut.json --out_dir {out}", "error: {in}/cut.json: invalid JSON (..."),
+    ("gpt-prepare", "files {in}/plain.jsonl.gz --out_dir {out}",
+     "error: {in}/plain.jsonl.gz: damaged gzip file (Not a gzipped file (b'{{\"'))"),
+    ("gpt-prepare", "files {in}/cut.jsonl.gz --out_dir {out}",
+     "error: {in}/cut.jsonl.gz: damaged gzip file (Compressed file ended before the end-of-stream marker was reached)"),
+    ("gpt-prepare", "files {in}/random.parquet --out_dir {out}", "error: {in}/random.parquet: not a Parquet file (..."),
+    ("gpt-prepare", "files {in}/body.parquet --out_dir {out}",
+     "error: {in}/body.parquet: no 'text' column (columns: body); choose one with --text_field"),
+    ("gpt-prepare", "files {in}/numbers.parquet --out_dir {out}",
+     "error: {in}/numbers.parquet: column 'text' holds int64, not strings"),
+    ("gpt-prepare", "files {in}/null.parquet --out_dir {out}", "error: {in}/null.parquet: row 2: 'text' is null, not a string"),
+    ("gpt-prepare", "files {in}/no_rows.parquet --out_dir {out}", "error: {in}/no_rows.parquet: no records"),
+    ("gpt-prepare", "files {in}/table.csv --out_dir {out}",
+     "error: {in}/table.csv: unsupported file type (use .txt, .jsonl, .json or .parquet)"),
+    ("gpt-prepare", "files {in}/good.txt {in}/few_docs.jsonl --out_dir {out}",
+     "error: mixed file types (json, text); prepare each kind separately"),
+    ("gpt-prepare", "files {in} --out_dir {out}", "error: {in}: a directory; give its files, e.g. '{in}/*.jsonl'"),
+    ("gpt-prepare", "files {in}/zz*.txt --out_dir {out}", "error: no files match {in}/zz*.txt"),
+    ("gpt-prepare", "files {in}/few_docs.jsonl --out_dir {out}",
+     "error: {in}/few_docs.jsonl: all 30 document(s) (3,660 tokens) went to the validation split, which takes whole "
+     "documents up to --val_tokens 100,000,000: nothing is left to train on; give more documents or a lower --val_tokens"),
+    ("gpt-prepare", "hub {in}/no_such_dataset --out_dir {out}", "error: dataset '{in}/no_such_dataset' not found: ..."),
+    # gpt-prepare: flags and the output directory
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 0", "error: --shard_tokens 0 must be a finite number >= 1"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 99999999999",
+     "error: --shard_tokens 99999999999 must be at most 2147483647 (llm.c's shard header holds the token count as an int32)"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --val_tokens -1", "error: --val_tokens -1 must be a finite number >= 1"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --workers 0", "error: --workers 0 must be a finite number >= 1"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens lots",
+     "error: argument --shard_tokens: invalid int value: 'lots'"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --name ../x", "error: --name '../x' must be a plain file-name prefix"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --name .hidden",
+     "error: --name '.hidden' must be a plain file-name prefix"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/a_file", "error: --out_dir {in}/a_file is a file, not a directory"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/a_file/shards",
+     "error: --out_dir {in}/a_file/shards: {in}/a_file is a file, not a directory"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {data}",
+     "error: {data} already holds shards of another corpus (shakespeare_train_000001.bin, shakespeare_val_000000.bin): "
+     "a training run would read both; use another --out_dir"),
+    ("gpt-prepare", "wikipedia --out_dir {out}",
+     "error: argument source: invalid choice: 'wikipedia' (choose from 'shakespeare', 'files', 'hub')"),
+    ("gpt-prepare", "", "error: the following arguments are required: source"),
+    # gpt-plan
+    ("gpt-plan", "--gpu h100-80gb --world_size 0", "error: --world_size 0 must be a finite number >= 1"),
+    ("gpt-plan", "--gpu h100-80gb --world_size -8", "error: --world_size -8 must be a finite number >= 1"),
+    ("gpt-plan", "--gpu h100-80gb --seq_len 0", "error: --seq_len 0 must be a finite number >= 1"),
+    ("gpt-plan", "--gpu_mem -40", "error: --gpu_mem -40.0 must be a finite number > 0"),
+    ("gpt-plan", "--gpu_mem nan", "error: --gpu_mem nan must be a finite number > 0"),
+    ("gpt-plan", "--gpu h100-80gb --total_batch_tokens 0", "error: --total_batch_tokens 0 must be a finite number >= 1"),
+    ("gpt-plan", "--gpu h100-80gb --total_batch_tokens 1000",
+     "error: --total_batch_tokens 1000 is not divisible by seq_len x world = 1024 x 8 = 8192, so by no micro_batch x "
+     "seq_len x world"),
+    ("gpt-plan", "", "error: give --gpu (one of a100-40gb, a100-80gb, a800-80gb, h100-80gb, h200-141gb, h800-80gb, "
+                     "rtx3090-24gb, rtx4090-24gb, v100-16gb, v100-32gb) or --gpu_mem GiB"),
+    ("gpt-plan", "--gpu h100-80gb --gpu_mem 80", "error: give --gpu (one of a100-40gb, a100-80gb, a800-80gb, h100-80gb, "
+     "h200-141gb, h800-80gb, rtx3090-24gb, rtx4090-24gb, v100-16gb, v100-32gb) or --gpu_mem GiB, not both"),
+    ("gpt-plan", "--gpu tpu-v9", "error: argument --gpu: invalid choice: 'tpu-v9' (..."),
+    ("gpt-plan", "--gpu h100-80gb --seq_len 2048", "error: --seq_len 2048 exceeds the model's block_size 1024 (d12)"),
+    ("gpt-plan", "--gpu h100-80gb --n_head 5", "error: n_embd 768 is not divisible by n_head 5"),
+    ("gpt-plan", "--gpu h100-80gb --n_layer 0", "error: --n_layer 0 must be a finite number >= 1"),
+    ("gpt-plan", "--gpu h100-80gb --model d99", "error: argument --model: invalid choice: 'd99' (..."),
+    ("gpt-plan", "--gpu h100-80gb --ds_config {in}/missing.json", "error: {in}/missing.json: DeepSpeed config not found"),
+    ("gpt-plan", "--gpu h100-80gb --ds_config {in}", "error: {in}: a directory, not a DeepSpeed JSON file"),
+    ("gpt-plan", "--gpu h100-80gb --ds_config {in}/good.txt", "error: {in}/good.txt: invalid JSON (..."),
+    ("gpt-plan", "--gpu h100-80gb --wrold_size 8", "error: unrecognized arguments: --wrold_size 8"),
+    # gpt-eval
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --batch 0", "error: --batch 0 must be a finite number >= 1"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_label_7.jsonl --limit -1",
+     "error: --limit -1 must be a finite number >= 1"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --seq_len 4096",
+     "error: --seq_len 4096 exceeds the model's block_size 256"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --seq_len 0", "error: --seq_len 0 must be a finite number >= 1"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --val_tokens 0", "error: --val_tokens 0 must be a finite number >= 1"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --val_tokens 10",
+     "error: --val_tokens 10 is less than one sequence (--seq_len 256)"),
+    ("gpt-eval", "--checkpoint {ckpt}", "error: nothing to evaluate: give --data and/or --hellaswag"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --limit 3", "error: --limit applies to --hellaswag, which is not given"),
+    ("gpt-eval", "--checkpoint {in}/missing --data {data}", "error: --checkpoint {in}/missing: not found"),
+    ("gpt-eval", "--checkpoint {in} --data {data}", "error: {in}: no complete checkpoint found"),
+    ("gpt-eval", "--checkpoint {ckpt} --hf {in} --data {data}", "error: argument --hf: not allowed with argument --checkpoint"),
+    ("gpt-eval", "--data {data}", "error: one of the arguments --checkpoint --hf is required"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/missing",
+     "error: {in}/missing: data directory not found (make one with: python -m gpt.prepare shakespeare --out_dir {in}/missing)"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/no_shards", "error: {in}/no_shards: no 'val' shards (*_val_*.bin or .npy)"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/short_val --seq_len 128",
+     "error: {in}/short_val/x_val_000000.bin: ..."),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/wide_tokens --seq_len 64",
+     "error: {in}/wide_tokens/x_val_000000.bin: token 60000 at position 0 is >= the vocabulary size 50304"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/missing.jsonl", "error: {in}/missing.jsonl: file not found"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}", "error: {in}: a directory, not a file"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_string_endings.jsonl",
+     "error: {in}/hs_string_endings.jsonl:1: 'endings' must be a list of 4 strings, got \"abcd\""),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_three_endings.jsonl",
+     "error: {in}/hs_three_endings.jsonl:1: 'endings' must be a list of 4 strings, got [\"He eats.\", \"He runs.\", \"He..."),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_label_7.jsonl",
+     "error: {in}/hs_label_7.jsonl:1: 'label' must be 0, 1, 2 or 3, got 7"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_null_ctx.jsonl",
+     "error: {in}/hs_null_ctx.jsonl:1: 'ctx' must be a string, got null"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_no_label.jsonl", "error: {in}/hs_no_label.jsonl:1: no 'label' field"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_broken.jsonl",
+     "error: {in}/hs_broken.jsonl:1: invalid JSON (Expecting property name enclosed in double quotes at column 2)"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty.jsonl", "error: {in}/hs_empty.jsonl: no examples"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_short.bin", "error: {in}/hs_short.bin: shorter than the ..."),
+    ("gpt-eval", "--hf {in}/missing --data {data}", "error: --hf {in}/missing: not found"),
+    ("gpt-eval", "--hf {in}/no_shards --data {data}", "error: {in}/no_shards: no config.json (not a Hugging Face model directory)"),
+    ("gpt-eval", "--hf {in}/hf_bad_json --data {data}", "error: {in}/hf_bad_json/config.json: invalid JSON (..."),
+    ("gpt-eval", "--hf {in}/hf_bert --data {data}", "error: {in}/hf_bert/config.json: model_type 'bert', expected 'gpt2'"),
+    ("gpt-eval", "--hf {in}/hf_no_shape --data {data}",
+     "error: {in}/hf_no_shape/config.json: n_layer, n_head, n_embd, n_positions, vocab_size must be positive whole "
+     "numbers (got null, null, null, null, null)"),
+    ("gpt-eval", "--hf {in}/hf_no_weights --data {data} --seq_len 64",
+     "error: {in}/hf_no_weights: no model.safetensors or pytorch_model.bin"),
+    ("gpt-eval", "--hf {in}/hf_bad_weights --data {data} --seq_len 64",
+     "error: {in}/hf_bad_weights/model.safetensors: unreadable GPT-2 weights (SafetensorError: ..."),
+    # gpt-sample
+    ("gpt-sample", "--checkpoint {ckpt} --max_new_tokens -5", "error: --max_new_tokens -5 must be a finite number >= 1"),
+    ("gpt-sample", "--checkpoint {ckpt} --max_new_tokens 0", "error: --max_new_tokens 0 must be a finite number >= 1"),
+    ("gpt-sample", "--checkpoint {ckpt} --temperature 0", "error: --temperature 0.0 must be a finite number > 0"),
+    ("gpt-sample", "--checkpoint {ckpt} --temperature nan", "error: --temperature nan must be a finite number > 0"),
+    ("gpt-sample", "--checkpoint {ckpt} --top_k 0", "error: --top_k 0 must be a finite number >= 1"),
+    ("gpt-sample", "--checkpoint {ckpt} --num_samples 0", "error: --num_samples 0 must be a finite number >= 1"),
+    ("gpt-sample", "--checkpoint {in}/missing", "error: --checkpoint {in}/missing: not found"),
+    ("gpt-sample", "--checkpoint {in}", "error: {in}: no complete checkpoint found"),
+    ("gpt-sample", "--hf {in}/hf_bert", "error: {in}/hf_bert/config.json: model_type 'bert', expected 'gpt2'"),
+    ("gpt-sample", "--checkpoint {ckpt} --seed x", "error: argument --seed: invalid int value: 'x'"),
+    # gpt-export
+    ("gpt-export", "{in}/missing --out_dir {out}", "error: {in}/missing: checkpoint not found"),
+    ("gpt-export", "{in} --out_dir {out}", "error: {in}: no complete checkpoint found"),
+    ("gpt-export", "{ckpt} --out_dir {in}/a_file", "error: --out_dir {in}/a_file is a file, not a directory"),
+    ("gpt-export", "{ckpt} --out_dir {ckpt}",
+     "error: --out_dir {ckpt} holds dsgpt checkpoints: export into a directory of its own"),
+    ("gpt-export", "{ckpt} --out_dir {in}/hf_bad_weights",
+     "error: --out_dir {in}/hf_bad_weights already holds config.json, model.safetensors: give --overwrite to replace "
+     "them, or another --out_dir"),
+    ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
+]
+
+
+def snapshot(*directories):
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for d in directories for p in sorted(d.rglob("*"))}
+
+
+@pytest.mark.parametrize("script, arguments, expected", CASES,
+                         ids=[f"{s}:{a.split(' --out_dir')[0][:60]}" for s, a, _ in CASES])
+def test_bad_input_is_one_line_exit_1_and_changes_nothing(script, arguments, expected, bad_files, trained_checkpoint,
+                                                          shakespeare_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)  # the scripts' default paths (ds_configs/...) are relative to the repository
+    out = tmp_path / "out"
+    names = {"in": bad_files, "out": out, "ckpt": trained_checkpoint, "data": shakespeare_dir}
+    before = snapshot(bad_files, trained_checkpoint.parent, shakespeare_dir)
+    with pytest.raises(SystemExit) as exit_info:
+        SCRIPTS[script]([a.format(**names) for a in arguments.split()])
+    code, err = exit_info.value.code, capsys.readouterr().err
+    if isinstance(code, str):  # sys.exit(message): Python prints it on stderr and exits with 1
+        code, err = 1, err + code + "\n"
+    expected = expected.format(**names)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith(expected[:-3]) if expected.endswith("...") else lines[0] == expected
+    assert "Traceback" not in err
+    assert snapshot(bad_files, trained_checkpoint.parent, shakespeare_dir) == before and not out.exists()
+
+
+def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, tmp_path, capsys):
+    """An empty prompt starts a new document from <|endoftext|> (GPT-2's unconditional samples); an export
+    over an earlier one replaces it with --overwrite."""
+    cli.sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "", "--max_new_tokens", "4"])
+    out = capsys.readouterr().out
+    assert "--- sample 0\n" in out and "<|endoftext|>" not in out.split("--- sample 0")[1]
+    exported = tmp_path / "hf"
+    hf.main([str(trained_checkpoint), "--out_dir", str(exported)])
+    first = (exported / "model.safetensors").stat().st_mtime_ns
+    hf.main([str(trained_checkpoint), "--out_dir", str(exported), "--overwrite"])
+    assert (exported / "model.safetensors").stat().st_mtime_ns > first and not list(exported.glob("*.tmp"))
