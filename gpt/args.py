@@ -35,7 +35,10 @@ def range_problems(args, ranges):
 
 
 def out_dir_problem(flag, out_dir):
-    """Why `out_dir` cannot be made or written (a file, or a file or unwritable directory in its way), or None."""
+    """Why `out_dir` cannot be made or written (empty, a file, or a file or unwritable directory in its way), or
+    None. Give it the flag's string: Path("") would be the working directory."""
+    if not str(out_dir).strip():
+        return f"{flag} is empty: name a directory"
     out_dir = Path(out_dir)
     existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():

@@ -87,7 +87,11 @@ def check_token_range(path, vocab_size):
 
 def find_shards(data_dir, split):
     """Sorted shard paths (.bin or .npy) of one split in data_dir; a clear error when there are none."""
+    if not str(data_dir).strip():
+        raise DataError("--data is empty: name a shard directory")
     data_dir = Path(data_dir)
+    if data_dir.exists() and not data_dir.is_dir():
+        raise DataError(f"{data_dir}: a file, not a directory of shards")
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: data directory not found "
                         f"(make one with: python -m gpt.prepare shakespeare --out_dir {data_dir})")

@@ -28,6 +28,8 @@ class DeepSpeedConfigError(ValueError):
 
 def load(path):
     """The DeepSpeed JSON as a dict, or a one-line reason why not."""
+    if not str(path).strip():
+        raise DeepSpeedConfigError("--ds_config is empty: name a DeepSpeed JSON file")
     path = Path(path)
     if path.is_dir():
         raise DeepSpeedConfigError(f"{path}: a directory, not a DeepSpeed JSON file")

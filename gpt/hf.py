@@ -161,7 +161,7 @@ def check_args(args):
     out = Path(args.out_dir)
     if not Path(args.checkpoint).exists():
         return [f"{args.checkpoint}: checkpoint not found"]
-    problem = out_dir_problem("--out_dir", out)
+    problem = out_dir_problem("--out_dir", args.out_dir)
     if problem or not out.is_dir():
         return [problem]
     if (out / COMPLETE).exists() or complete_tags(out):

@@ -16,7 +16,7 @@ from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
-from gpt.hf import load_hf_weights
+from gpt.hf import InteropError, load_hf_weights
 from gpt.loss import fused_loss
 from gpt.metrics import MetricsLogger, peak_flops, say
 from gpt.model import GPT, GPTConfig
@@ -365,7 +365,8 @@ def main(settings):
         fit(run, resume(run, prepared.resume_from))
     except StopTraining as e:
         fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1)
-    except checkpoint.CheckpointError as e:  # one the up-front checks could not see (DeepSpeed's own load failed)
+    except (checkpoint.CheckpointError, InteropError) as e:  # what the up-front checks could not see: DeepSpeed's
+        # own load failed, or --init_from's weights (read only here, once) are unreadable or misshapen
         fail(e, code=1)
     except Exception as e:
         if dist.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died

@@ -212,6 +212,11 @@ TRAIN_CASES = [
     (["--n_embd", "100", "--n_head", "3"], "error: n_embd 100 is not divisible by n_head 3"),
     (["--sample_every", "5", "--sample_tokens", "0"], "error: --sample_tokens 0 must be a finite number >= 1"),
     (["--ds_config", "ds_configs"], "error: ds_configs: a directory, not a DeepSpeed JSON file"),
+    (["--ds_config", ""], "error: --ds_config is empty: name a DeepSpeed JSON file"),
+    (["--out_dir", ""], "error: --out_dir is empty: name a directory"),  # it used to train into the working directory
+    (["--data", ""], "error: --data is empty: name a shard directory"),
+    (lambda t: (t / "f.txt").write_text("x") and ["--data", str(t / "f.txt")],
+     "error: {tmp}/f.txt: a file, not a directory of shards"),
     (lambda t: ["--resume", str(t / "nope")], "error: {tmp}/nope: not found"),
     (lambda t: ["--init_from", str(t / "nope")], "error: {tmp}/nope: not found"),
     (lambda t: (t / "hf").mkdir() or (t / "hf" / "config.json").write_text("{") and ["--init_from", str(t / "hf")],
@@ -324,3 +329,22 @@ def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_d
         f"error: --out_dir {out} holds an earlier run (metrics.jsonl): continue it with --resume auto, or start "
         f"afresh with another --out_dir"]
     assert snapshot(out) == before
+
+
+def test_unreadable_init_from_weights_are_one_line(shakespeare_dir, tmp_path):
+    """--init_from's weights are read once, after launch: a damaged file is still one line and exit 1."""
+    from conftest import TINY, train
+    from gpt.model import PRESETS
+    tiny = PRESETS["tiny"]
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": tiny.n_layer, "n_head": tiny.n_head,
+                                                    "n_embd": tiny.n_embd, "n_positions": tiny.block_size,
+                                                    "vocab_size": 50257}))
+    (hf_dir / "model.safetensors").write_bytes(b"garbage" * 10)
+    _, proc = train(tmp_path / "out", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "1024",
+                    "--init_from", str(hf_dir), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
+        f"error: {hf_dir}/model.safetensors: unreadable GPT-2 weights (SafetensorError: Error while deserializing "
+        f"header: header too large)"]

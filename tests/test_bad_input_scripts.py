@@ -127,6 +127,7 @@ CASES = [
     ("gpt-prepare", "files {in}/good.txt --out_dir {data}",
      "error: {data} already holds shards of another corpus (shakespeare_train_000001.bin, shakespeare_val_000000.bin): "
      "a training run would read both; use another --out_dir"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir=", "error: --out_dir is empty: name a directory"),
     ("gpt-prepare", "wikipedia --out_dir {out}",
      "error: argument source: invalid choice: 'wikipedia' (choose from 'shakespeare', 'files', 'hub')"),
     ("gpt-prepare", "", "error: the following arguments are required: source"),
@@ -151,6 +152,7 @@ CASES = [
     ("gpt-plan", "--gpu h100-80gb --model d99", "error: argument --model: invalid choice: 'd99' (..."),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/missing.json", "error: {in}/missing.json: DeepSpeed config not found"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}", "error: {in}: a directory, not a DeepSpeed JSON file"),
+    ("gpt-plan", "--gpu h100-80gb --ds_config=", "error: --ds_config is empty: name a DeepSpeed JSON file"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/good.txt", "error: {in}/good.txt: invalid JSON (..."),
     ("gpt-plan", "--gpu h100-80gb --wrold_size 8", "error: unrecognized arguments: --wrold_size 8"),
     # gpt-eval
@@ -171,6 +173,7 @@ CASES = [
     ("gpt-eval", "--data {data}", "error: one of the arguments --checkpoint --hf is required"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/missing",
      "error: {in}/missing: data directory not found (make one with: python -m gpt.prepare shakespeare --out_dir {in}/missing)"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/good.txt", "error: {in}/good.txt: a file, not a directory of shards"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/no_shards", "error: {in}/no_shards: no 'val' shards (*_val_*.bin or .npy)"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/short_val --seq_len 128",
      "error: {in}/short_val/x_val_000000.bin: ..."),
@@ -223,6 +226,7 @@ CASES = [
      "error: --out_dir {in}/hf_bad_weights already holds config.json, model.safetensors: give --overwrite to replace "
      "them, or another --out_dir"),
     ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
+    ("gpt-export", "{ckpt} --out_dir=", "error: --out_dir is empty: name a directory"),
 ]
 
 

@@ -158,10 +158,12 @@ def test_an_incompatible_checkpoint_is_refused_up_front(tmp_path, shakespeare_di
     assert "--micro_batch auto: 4, as the checkpoint was saved with" in proc.stdout and "at step 2" in proc.stdout
 
 
-def test_a_missing_checkpoint_path_is_a_clear_error(tmp_path, shakespeare_dir):
-    _, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--resume", str(tmp_path / "nope"), check=False)
+def test_a_directory_without_checkpoints_is_a_clear_error(tmp_path, shakespeare_dir):
+    """(A path that does not exist: 'not found', in tests/test_bad_input.py's table.)"""
+    (tmp_path / "empty").mkdir()
+    _, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--resume", str(tmp_path / "empty"), check=False)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'nope'}: no complete checkpoint found"
+    assert proc.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'empty'}: no complete checkpoint found"
 
 
 def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, small_vocab_dir):
