@@ -5,12 +5,11 @@ Derived values (model shape, gradient accumulation) are computed here, once, bef
 or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
 """
 import argparse
-import math
 import os
 from dataclasses import asdict, dataclass, replace
 
 from gpt import ds_config as dsc
-from gpt.args import Parser
+from gpt.args import Parser, range_problems
 from gpt.data import DataError, check_lengths, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
 from gpt.loss import LOSSES
@@ -206,11 +205,7 @@ NUMBER_RANGES = [("seq_len", 1, True), ("total_batch_tokens", 1, True), ("max_st
 def number_problems(settings):
     """Every numeric flag finite and in range, and the model's shape positive: one line each. (A NaN
     learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
-    problems = []
-    for name, least, inclusive in NUMBER_RANGES:
-        value = getattr(settings, name)
-        if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
-            problems.append(f"--{name} {value} must be a finite number {'>=' if inclusive else '>'} {least}")
+    problems = range_problems(settings, NUMBER_RANGES)
     if settings.val_every and 1 <= settings.val_tokens < settings.seq_len:
         problems.append(f"--val_tokens {settings.val_tokens} is less than one sequence (--seq_len {settings.seq_len}); "
                         f"turn validation off with --val_every 0")
