@@ -1,8 +1,9 @@
 """HellaSwag evaluation throughput (examples/s) for a model size on this machine, on synthetic examples
 shaped like the real validation set (context ~45 tokens, endings ~22 tokens; the real file cannot be
-downloaded here), batched as in training, in fp32 and bf16.
+downloaded here), batched as in training, in fp32 and bf16, on the GPU when there is one (as gpt-eval).
 
     python bench/eval.py --model d12 --examples 64
+    python bench/eval.py --model d12 --examples 512 --batch 16 --device cuda    # launch/gpu_check.sh
 """
 import argparse
 import time
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import torch
 
+from gpt.cli import DEVICES, choose_device
 from gpt.hellaswag import Example, evaluate
 from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
@@ -26,17 +28,21 @@ def main():
     parser.add_argument("--model", default="d12")
     parser.add_argument("--examples", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     args = parser.parse_args()
     torch.manual_seed(0)
+    device = choose_device(args.device)
     examples = synthetic_examples(args.examples)
     for dtype in (torch.float32, torch.bfloat16):
-        model = GPT(PRESETS[args.model]).to(dtype).eval()
-        evaluate(model, examples[:args.batch], torch.device("cpu"), model.config.block_size, args.batch)  # warm up
+        model = GPT(PRESETS[args.model]).to(device, dtype).eval()
+        evaluate(model, examples[:args.batch], device, model.config.block_size, args.batch)  # warm up
         start = time.perf_counter()
-        evaluate(model, examples, torch.device("cpu"), model.config.block_size, args.batch)
+        evaluate(model, examples, device, model.config.block_size, args.batch)  # its scores end in .item(): synced
         seconds = time.perf_counter() - start
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
         print(f"{args.model} {str(dtype).split('.')[-1]:9s} {args.examples / seconds:8.2f} examples/s "
-              f"({args.examples} examples, batch {args.batch}, {torch.get_num_threads()} threads)")
+              f"({args.examples} examples, batch {args.batch}, {where}): the full 10,042 in "
+              f"{10042 / (args.examples / seconds) / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,13 @@ checkpoints or a Hugging Face GPT-2 directory.
     gpt-sample --checkpoint runs/dsgpt/checkpoints --prompt "Hello, I'm a language model," --num_samples 4
     python -m gpt.cli eval|sample ...                          # the same without installing
 
+Both run on the GPU when torch sees one (--device auto, the default; --device cpu|cuda to choose), in bf16
+autocast on GPUs with bf16 units and in fp32 elsewhere; gpt-eval reports the device and precision it used.
+
 Bad input is one line on stderr and exit status 1, found before the weights are loaded: the flags first,
 then the model's shape (read without its weights) against them.
 """
+import contextlib
 import json
 import sys
 import time
@@ -26,6 +30,7 @@ from gpt.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 DEFAULT_VAL_TOKENS = 10 * 2**20
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def model_source(args):
@@ -38,10 +43,10 @@ def model_source(args):
         config = config_from_hf(read_hf_config(args.hf))
         weights = lambda: load_hf_weights(args.hf, config)  # noqa: E731
 
-    def load():
+    def load(device):
         model = GPT(config)
         model.load_state_dict(weights())
-        return model.eval()
+        return model.to(device).eval()
     return config, load
 
 
@@ -49,11 +54,33 @@ def add_model_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="one of our checkpoints (or its checkpoints/ directory: the newest)")
     source.add_argument("--hf", help="a Hugging Face GPT-2 directory (config.json + weights)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where the model runs: auto (the default) is cuda when torch sees a GPU, else cpu")
 
 
-def model_path_problem(args):
+def model_problems(args):
+    """The model's path and the device, checked before anything is loaded."""
     flag, path = ("--checkpoint", args.checkpoint) if args.checkpoint else ("--hf", args.hf)
-    return None if Path(path).exists() else f"{flag} {path}: not found"
+    return [None if Path(path).exists() else f"{flag} {path}: not found",
+            "--device cuda: torch sees no CUDA GPU here; use --device auto or cpu"
+            if args.device == "cuda" and not torch.cuda.is_available() else None]
+
+
+def choose_device(name):
+    """The torch.device for --device: auto is cuda when torch sees a GPU, else cpu."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def evaluation_precision(device):
+    """(name, context to run the model in): bf16 autocast on a CUDA GPU with bf16 units, else fp32. The trainer's
+    GPU runs are bf16, so a checkpoint is scored in the precision it trained in, at tensor-core speed. CPUs stay
+    in fp32, their results exactly as before (many only emulate bf16, slowly); so do GPUs that only emulate it
+    (V100)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16", torch.autocast("cuda", dtype=torch.bfloat16)
+    return "fp32", contextlib.nullcontext()
 
 
 def check_eval_args(args):
@@ -64,7 +91,7 @@ def check_eval_args(args):
     for flag, needs in (("seq_len", "data"), ("val_tokens", "data"), ("limit", "hellaswag")):
         if getattr(args, flag) is not None and not getattr(args, needs):
             problems.append(f"--{flag} applies to --{needs}, which is not given")
-    return problems + [model_path_problem(args)]
+    return problems + model_problems(args)
 
 
 def check_against_model(args, config):
@@ -105,16 +132,19 @@ def evaluate_main(argv=None):
                 check_token_range(path, config.vocab_size)
         if args.hellaswag:
             examples = hellaswag.load(args.hellaswag)[:args.limit]
-        model, results = load_model(), {}
-        if val_set:
-            start = time.perf_counter()
-            results["val_loss"] = validation_loss(model, val_set, torch.device("cpu"))
-            results["val_tokens_per_s"] = len(val_set) * val_set.seq_len / (time.perf_counter() - start)
-        if examples:
-            start = time.perf_counter()
-            scores = hellaswag.evaluate(model, examples, torch.device("cpu"), config.block_size, args.batch, progress=True)
-            results.update({f"hellaswag_{k}": v for k, v in scores.items()})
-            results["hellaswag_examples_per_s"] = len(examples) / (time.perf_counter() - start)
+        device = choose_device(args.device)
+        precision, autocast = evaluation_precision(device)
+        model, results = load_model(device), {"device": device.type, "precision": precision}
+        with autocast:
+            if val_set:
+                start = time.perf_counter()
+                results["val_loss"] = validation_loss(model, val_set, device)  # ends in .item(): synchronized
+                results["val_tokens_per_s"] = len(val_set) * val_set.seq_len / (time.perf_counter() - start)
+            if examples:
+                start = time.perf_counter()
+                scores = hellaswag.evaluate(model, examples, device, config.block_size, args.batch, progress=True)
+                results.update({f"hellaswag_{k}": v for k, v in scores.items()})
+                results["hellaswag_examples_per_s"] = len(examples) / (time.perf_counter() - start)
     except (DataError, hellaswag.HellaSwagError, InteropError, CheckpointError) as e:
         sys.exit(f"error: {e}")
     print(json.dumps(results) if args.json else "\n".join(f"{k:28s} {v:.4f}" if isinstance(v, float)
@@ -135,21 +165,24 @@ def sample_main(argv=None):
     parser.add_argument("--num_samples", type=int, default=1)
     args = parser.parse_args(argv)
     exit_if(range_problems(args, [("max_new_tokens", 1, True), ("temperature", 0, False), ("top_k", 1, True),
-                                  ("num_samples", 1, True)]) + [model_path_problem(args)])
+                                  ("num_samples", 1, True)]) + model_problems(args))
     try:
         config, load_model = model_source(args)
         exit_if([f"the model's vocab_size {config.vocab_size} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: its "
                  f"samples cannot be written as GPT-2 text"] if config.vocab_size < GPT2_VOCAB_SIZE else [])
-        model = load_model()
+        device = choose_device(args.device)
+        precision, autocast = evaluation_precision(device)
+        model = load_model(device)
     except (InteropError, CheckpointError) as e:
         sys.exit(f"error: {e}")
+    print(f"sampling on {device.type} in {precision}", file=sys.stderr)  # stdout holds only the samples
     tokenizer = gpt2_tokenizer()
     prompt = tokenizer.encode_ordinary(args.prompt) or [EOT_TOKEN]  # "" (nothing to continue): a new document
     generator = torch.Generator().manual_seed(args.seed)  # one stream: the samples differ, the run repeats
-    for i in range(args.num_samples):
-        tokens = sample(model, prompt, args.max_new_tokens, generator, torch.device("cpu"), args.temperature,
-                        args.top_k)
-        print(f"--- sample {i}\n{tokenizer.decode(tokens[1:] if args.prompt == '' else tokens)}")
+    with autocast:
+        for i in range(args.num_samples):
+            tokens = sample(model, prompt, args.max_new_tokens, generator, device, args.temperature, args.top_k)
+            print(f"--- sample {i}\n{tokenizer.decode(tokens[1:] if args.prompt == '' else tokens)}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from gpt import ds_config as dsc
 from gpt.args import Parser, range_problems
 from gpt.data import DataError, check_lengths, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
-from gpt.loss import LOSSES
+from gpt.loss import LOSS_CHOICES, liger_problem
 from gpt.optim import OptimizerSettings
 from gpt.profiling import profiled_steps_needed
 
@@ -127,9 +127,10 @@ def build_parser():
     p.add_argument("--max_bad_steps", type=int, default=5, help="stop after this many skipped steps in a row")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on with CUDA, off on CPU)")
-    p.add_argument("--loss", default="fused", choices=LOSSES,
+    p.add_argument("--loss", default="fused", choices=LOSS_CHOICES,
                    help="fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per "
-                        "sequence); classic: full fp32 logits")
+                        "sequence), with the device's fastest kernel; chunked / liger: that kernel (liger: CUDA bf16); "
+                        "classic: full fp32 logits")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -225,18 +226,20 @@ def number_problems(settings):
 def validate(settings, world_size, device_type="cpu"):
     """Check everything that can be checked before launch; raise one ConfigError listing every problem.
     Returns (ds_config, model_config, grad_accum)."""
-    problems, ds_config, grad_accum = number_problems(settings), None, None
+    problems, ds_config, grad_accum, config_problems = number_problems(settings), None, None, True
     if problems:  # the checks below assume sane numbers
         raise ConfigError("\n".join(problems))
     try:
         ds_config = dsc.load(settings.ds_config)
-        found = dsc.problems(ds_config, settings.ds_config)
-        problems += found
-        if not found and device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
+        config_problems = dsc.problems(ds_config, settings.ds_config)
+        problems += config_problems
+        if not config_problems and device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
             problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                             f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
     except dsc.DeepSpeedConfigError as e:
         problems.append(str(e))
+    if settings.loss == "liger" and not config_problems:  # the JSON read and sound
+        problems += [p for p in [liger_problem(device_type, dsc.precision(ds_config))] if p]
     mconfig = settings.model_config
     if mconfig.n_embd % mconfig.n_head:
         problems.append(f"n_embd {mconfig.n_embd} is not divisible by n_head {mconfig.n_head}")

@@ -2,16 +2,24 @@
 a mean over ranks, a free port; and the CPU host fixes a CPU run needs (glibc malloc, DeepSpeed's
 /dev/shm buffer, fp16 on the CPU accelerator)."""
 import atexit
+import contextlib
 import ctypes
 import datetime
 import os
 import socket
+import sys
+import time
 from pathlib import Path
 
-import deepspeed
 import torch
 import torch.distributed as dist
-from deepspeed.accelerator import get_accelerator
+
+# DeepSpeed's logger writes to the sys.stdout it finds when deepspeed is first imported, and there, on a
+# machine without DS_ACCELERATOR, says which accelerator it picked. stdout is ours (the trainer's lines, the
+# console scripts' output: gpt-plan --json), so DeepSpeed logs to stderr; gpt modules import gpt.dist first.
+with contextlib.redirect_stdout(sys.stderr):
+    import deepspeed
+from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 
 def launched_rank():
@@ -124,6 +132,17 @@ def lost_a_rank(error):
     text = str(error)
     return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and (
         "gloo" in text and ("Connection" in text or "Timed out" in text or "timed out" in text)))
+
+
+def timed_on_device(work):
+    """(work(), the seconds it took on the device): a GPU runs kernels asynchronously, so the clock is read
+    only after the device has finished (the trainer's one host sync, the loss .item(), comes before its last
+    backward and optimizer step); the work queued before it is finished first. No-ops on CPU."""
+    get_accelerator().synchronize()
+    start = time.perf_counter()
+    result = work()
+    get_accelerator().synchronize()
+    return result, time.perf_counter() - start
 
 
 def mean_over_ranks(tensor):

@@ -70,6 +70,7 @@ def uses_activation_checkpointing(ds_config):
 
 
 def known_keys():
+    from gpt import dist  # noqa: F401 -- first: it imports deepspeed with DeepSpeed's logs sent to stderr
     from deepspeed.runtime import constants
     return DEEPSPEED_SECTIONS | {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)}
 

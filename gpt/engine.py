@@ -2,13 +2,14 @@
 start-up) and the engine's per-step statistics."""
 import contextlib
 
-import deepspeed
 import torch
-from deepspeed.runtime import bf16_optimizer
 
-from gpt import dist
+from gpt import dist  # first: it imports deepspeed with DeepSpeed's logs sent to stderr
 from gpt import ds_config as dsc
 from gpt.optim import param_groups
+
+import deepspeed  # noqa: E402
+from deepspeed.runtime import bf16_optimizer  # noqa: E402
 
 
 def initialize(model, ds_config, micro_batch, grad_accum, optimizer):

@@ -23,8 +23,10 @@ def validation_loss(model, val_set, device):
 
 @torch.no_grad()
 def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=1.0, top_k=50):
-    """Autoregressive top-k sampling. Draws only from `generator`, so the training RNG is untouched and a
-    fixed generator seed reproduces the text. Returns the prompt plus the new token ids."""
+    """Autoregressive top-k sampling on `device`. Draws only from `generator`, so the training RNG is untouched
+    and a fixed generator seed reproduces the text (on the same device). The generator may live on the CPU
+    whatever the device (the top-k probabilities go to it for the draw) or on the device. Returns the prompt
+    plus the new token ids."""
     was_training = model.training
     model.eval()
     block_size = model.config.block_size
@@ -34,7 +36,7 @@ def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=
         logits = logits[0, -1, :GPT2_VOCAB_SIZE].float() / temperature  # padded ids are never drawn
         top_values, top_ids = torch.topk(logits, min(top_k, logits.numel()))
         probs = torch.softmax(top_values, dim=-1)
-        choice = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)
+        choice = torch.multinomial(probs.to(generator.device), 1, generator=generator).to(device)
         idx = torch.cat([idx, top_ids[choice].view(1, 1)], dim=1)
     model.train(was_training)
     return idx[0].tolist()

@@ -13,7 +13,19 @@ sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
 import torch
 
 CHUNK_ROWS = 8192  # rows (tokens) of logits alive at a time: 8192 x 50304 fp32 = 1.6 GB at the peak
-LOSSES = ("fused", "classic")
+LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in chunks, or whole
+# --loss: `fused` is the fastest fused kernel for the device; `chunked` and `liger` name one (to measure them:
+# bench/train.py --only loss); `classic` the full fp32 logits.
+LOSS_CHOICES = ("fused", "chunked", "liger", "classic")
+# The kernel `fused` means on CUDA in bf16. liger-kernel until a GPU run of `bench/train.py --only loss` says
+# otherwise (issue 22): the one measurement so far (H100, 2026-11-22, a plain compiled loop, d12, micro-batch
+# 64) had liger at 454k tokens/s against the classic loss's 483k; the compiled chunked path is unmeasured.
+FUSED_ON_CUDA_BF16 = "liger"
+
+
+def memory_kind(loss):
+    """A --loss as the memory planner sees it (LOSSES): every fused kernel holds one chunk of logits at most."""
+    return "classic" if loss == "classic" else "fused"
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -56,13 +68,30 @@ def chunked_cross_entropy(hidden, weight, targets, chunk_rows=CHUNK_ROWS):
     return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows)
 
 
-def fused_loss(device_type, precision):
-    """The fused loss for this device and precision, and its name for the log."""
-    if device_type == "cuda" and precision == "bf16":
-        try:
-            from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-        except ImportError:
+def liger_problem(device_type, precision):
+    """Why liger-kernel's loss cannot run here, or None."""
+    if device_type != "cuda" or precision != "bf16":
+        return f"--loss liger runs on CUDA in bf16 only (this run: {device_type}, {precision})"
+    try:
+        import liger_kernel.transformers.functional  # noqa: F401
+    except ImportError:
+        return "--loss liger needs liger-kernel: pip install -e .[cuda]"
+    return None
+
+
+def liger_cross_entropy(hidden, weight, targets):
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    return liger_fused_linear_cross_entropy(hidden, weight, targets, accum_dtype=torch.float32)
+
+
+def fused_loss(device_type, precision, kernel="fused"):
+    """The fused loss (kernel: 'fused' for the device's default, 'chunked' or 'liger') and its name for the
+    log. Check liger_problem first for 'liger'."""
+    if kernel == "fused" and device_type == "cuda" and precision == "bf16" and FUSED_ON_CUDA_BF16 == "liger":
+        if liger_problem(device_type, precision) is None:
+            kernel = "liger"
+        else:
             return chunked_cross_entropy, "chunked PyTorch (liger-kernel not installed: pip install -e .[cuda])"
-        return (lambda hidden, weight, targets: liger_fused_linear_cross_entropy(
-            hidden, weight, targets, accum_dtype=torch.float32)), "liger-kernel fused linear cross-entropy"
+    if kernel == "liger":
+        return liger_cross_entropy, "liger-kernel fused linear cross-entropy"
     return chunked_cross_entropy, "chunked PyTorch"

@@ -126,6 +126,13 @@ def use_expandable_segments(environ=os.environ):
     return f"{ALLOC_CONF}={EXPANDABLE_SEGMENTS} (the trainer's default on CUDA: set the variable to choose otherwise)"
 
 
+def set_allocator(expandable, environ=os.environ):
+    """Choose the CUDA allocator's expandable segments on or off, whatever the environment said (gpt-plan
+    --measure --allocator). Call before CUDA's allocator starts."""
+    environ.pop("PYTORCH_ALLOC_CONF", None)
+    environ[ALLOC_CONF] = f"expandable_segments:{expandable}"
+
+
 def expandable_segments(environ=os.environ):
     """Whether the CUDA allocator runs (or will run) with expandable segments."""
     settings = ",".join(environ.get(name, "") for name in (ALLOC_CONF, "PYTORCH_ALLOC_CONF")).replace(" ", "")

@@ -1,13 +1,15 @@
-"""--micro_batch auto on a GPU: the plan (gpt/plan.py) checked by a real training step. A throwaway engine,
-built as the trainer builds its own, takes one forward/backward/step at the planned micro-batch on random
-tokens; on out-of-memory it is freed and smaller sizes are bisected. Every rank probes and all must fit.
-On CPU the plan alone decides (a CPU rank swaps or is killed rather than raising out-of-memory)."""
+"""--micro_batch auto on a GPU: the plan (gpt/plan.py) checked by real training steps. A throwaway engine,
+built as the trainer builds its own, takes two forward/backward/steps at the planned micro-batch on random
+tokens (the second with Adam's moments, created by the first step, in memory); on out-of-memory it is freed
+and smaller sizes are bisected. Every rank probes and all must fit. On CPU the plan alone decides (a CPU
+rank swaps or is killed rather than raising out-of-memory). gpt-plan --measure (gpt/measure.py) searches
+with the same steps above the plan too."""
 import gc
 
 import torch
-from deepspeed.accelerator import get_accelerator
 
-from gpt import dist, memory
+from gpt import dist, memory  # gpt.dist first: it imports deepspeed with DeepSpeed's logs sent to stderr
+from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 GiB = 2**30
 
@@ -24,9 +26,12 @@ def dividing_sizes(total_batch_tokens, seq_len, world_size, largest):
     return [b for b in range(1, largest + 1) if total_batch_tokens % (b * per_sequence) == 0]
 
 
-def try_step(new_engine, micro_batch, seq_len, vocab_size, device):
-    """One training step at micro_batch on a throwaway engine from new_engine(micro_batch). Returns (fits on
-    every rank, this rank's peak memory: {name: GiB}); the engine and its memory are released either way.
+STEPS = 2  # the first step creates Adam's moments; the second's forward and backward run beside them
+
+
+def try_step(new_engine, micro_batch, seq_len, vocab_size, device, steps=STEPS):
+    """`steps` training steps at micro_batch on a throwaway engine from new_engine(micro_batch). Returns (fits
+    on every rank, this rank's peak memory: {name: GiB}); the engine and its memory are released either way.
     A rank out of memory in the forward pass, which holds no collective, tells the others before backward;
     one that runs out later, while the others are inside a gradient reduction, leaves them waiting there
     until the process group's timeout (in practice ranks run out together: the same shapes, the same
@@ -36,7 +41,7 @@ def try_step(new_engine, micro_batch, seq_len, vocab_size, device):
     fits, engine = False, None
     try:
         engine = new_engine(micro_batch)
-        fits = _step(engine, micro_batch, seq_len, vocab_size, device)
+        fits = all(_step(engine, micro_batch, seq_len, vocab_size, device) for _ in range(steps))
     except Exception as error:  # noqa: BLE001 -- out-of-memory is an answer; anything else is re-raised
         if not is_out_of_memory(error):
             raise
@@ -79,21 +84,38 @@ def on_every_rank(flag, device):
     return dist.mean_over_ranks(torch.tensor(float(flag), device=device)).item() == 1.0
 
 
-def probe_micro_batch(new_engine, candidates, seq_len, vocab_size, device, log=print):
-    """The largest of `candidates` (ascending; the last is the plan's choice) whose step fits, trying the
-    plan's first and bisecting below it on out-of-memory; None when not even the smallest fits. The sizes
-    are assumed monotone: a size that fits makes every smaller one fit."""
-    def fits(index):
-        ok, peak = try_step(new_engine, candidates[index], seq_len, vocab_size, device)
-        verdict = "fits" if ok else "out of memory"
-        log(f"--micro_batch auto: probe at micro-batch {candidates[index]}: {verdict} (this rank's peak: "
-            + ", ".join(f"{name} {gib:.2f}" for name, gib in peak.items()) + ")")
-        return ok
-
-    if fits(len(candidates) - 1):
-        return candidates[-1]
-    low, high = -1, len(candidates) - 1  # candidates[high] does not fit; candidates[low] does (-1: none known)
+def search_largest(fits, start, last):
+    """The largest index in 0..last for which fits(index) holds, -1 for none, fits assumed monotone (a size
+    that fits makes every smaller one fit). Tries `start` first (the plan's answer, usually close): if it
+    fits, up in doubling strides (start + 1, + 2, + 4, ...) to the first failure, else down; then bisects."""
+    low, high = -1, start  # fits(low) holds (-1: none known), fits(high) does not (last + 1: none known)
+    if fits(start):
+        low, high, stride = start, last + 1, 1
+        while low < last:
+            index = min(low + stride, last)
+            if not fits(index):
+                high = index
+                break
+            low, stride = index, 2 * stride
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
-    return candidates[low] if low >= 0 else None
+    return low
+
+
+def probe_micro_batch(new_engine, candidates, seq_len, vocab_size, device, log=print):
+    """The largest of `candidates` (ascending; the last is the plan's choice) whose steps fit, trying the
+    plan's first and bisecting below it on out-of-memory; None when not even the smallest fits."""
+    def fits(index):
+        ok, peak = try_step(new_engine, candidates[index], seq_len, vocab_size, device)
+        log(f"--micro_batch auto: probe at micro-batch {candidates[index]}: {verdict(ok, peak)}")
+        return ok
+
+    best = search_largest(fits, len(candidates) - 1, len(candidates) - 1)
+    return candidates[best] if best >= 0 else None
+
+
+def verdict(fits, peak):
+    """'fits (this rank's peak: ...)' or 'out of memory (...)', for the log."""
+    return (("fits" if fits else "out of memory") + " (this rank's peak: "
+            + ", ".join(f"{name} {gib:.2f}" for name, gib in peak.items()) + ")")

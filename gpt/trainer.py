@@ -142,13 +142,18 @@ def setup(settings):
                  auto_plan=auto_plan)
 
 
+def model_with_loss(model_config, loss, device_type, precision_name):
+    """(a GPT with this --loss, the loss's name for the log); initial weights random."""
+    model = GPT(model_config)
+    if loss == "classic":
+        return model, "full fp32 logits"
+    model.loss_fn, loss_label = fused_loss(device_type, precision_name, loss)
+    return model, loss_label
+
+
 def new_model(setup):
-    """(the model with the loss the settings chose, the loss's name for the log); initial weights random."""
-    model = GPT(setup.model_config)
-    if setup.settings.loss == "fused":
-        model.loss_fn, loss_label = fused_loss(setup.device.type, precision(setup.ds_config))
-        return model, loss_label
-    return model, "full fp32 logits"
+    """(the model with the loss the settings chose, the loss's name for the log)."""
+    return model_with_loss(setup.model_config, setup.settings.loss, setup.device.type, precision(setup.ds_config))
 
 
 def probe(setup):
@@ -289,9 +294,8 @@ def optimizer_step(run, step):
     """One step as fit takes it: train, log, the guard's verdict. Returns the loss."""
     lr = run.engine.get_lr()[0]
     memory.reset_peak_memory(run.device.type)
-    start = time.perf_counter()
-    loss, skipped = train_step(run)
-    log_step(run, step, lr, loss, skipped, time.perf_counter() - start)
+    (loss, skipped), seconds = dist.timed_on_device(lambda: train_step(run))
+    log_step(run, step, lr, loss, skipped, seconds)
     guard_step(run, step, loss, skipped)
     return loss
 

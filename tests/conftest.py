@@ -1,9 +1,11 @@
 """Shared fixtures: the Shakespeare shards (prepared once per session, also in a small vocabulary for
-bf16/fp16 runs) and a runner for real training runs through train_ds.py, under `python` (1 rank) or the
-deepspeed launcher (2 CPU ranks). Every test here runs on DeepSpeed's CPU accelerator, also on a machine
-with a GPU; tests/test_gpu.py holds the CUDA tests."""
+bf16/fp16 runs), a trained tiny checkpoint, ten HellaSwag examples (jsonl and llm.c .bin), and a runner for
+real training runs through train_ds.py, under `python` (1 rank) or the deepspeed launcher (2 CPU ranks).
+Every test here runs on DeepSpeed's CPU accelerator, also on a machine with a GPU; tests/test_gpu.py holds
+the CUDA tests."""
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +61,35 @@ def small_vocab_dir(shakespeare_dir, tmp_path_factory):
     for split in ("train", "val"):
         for path in find_shards(shakespeare_dir, split):
             write_shard(out / path.name, new_id[np.asarray(load_shard(path))])
+    return out
+
+
+HELLASWAG_CONTEXTS = ["A man is sitting on a roof. he", "A woman walks into the kitchen and",
+                      "The dog runs across the", "Two kids are playing chess while", "She opens the box and finds",
+                      "The chef slices the onion, then", "A cyclist climbs the hill and",
+                      "The teacher writes on the board and", "He tunes the guitar before", "The crowd cheers as the runner"]
+HELLASWAG_ENDINGS = ["starts pulling up roofing on a roof.", "is holding a rubik's cube.", "eats a sandwich slowly.",
+                     "jumps over the fence into the garden of the neighbours."]
+
+
+@pytest.fixture(scope="session")
+def hellaswag_files(tmp_path_factory):
+    """Ten HellaSwag examples as official jsonl and as an llm.c eval .bin written from its spec."""
+    from gpt.tokenizer import gpt2_tokenizer
+
+    out = tmp_path_factory.mktemp("hellaswag")
+    rows = [{"ind": i, "ctx": c, "endings": HELLASWAG_ENDINGS[i % 4:] + HELLASWAG_ENDINGS[:i % 4], "label": i % 4,
+             "split": "val"} for i, c in enumerate(HELLASWAG_CONTEXTS)]
+    (out / "hellaswag_val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = gpt2_tokenizer()
+    stream = []
+    for i, r in enumerate(rows):
+        fields = [i, r["label"], 4]
+        for tokens in [tokenizer.encode_ordinary(r["ctx"])] + [tokenizer.encode_ordinary(" " + e) for e in r["endings"]]:
+            fields += [len(tokens), *tokens]
+        stream += [65535, 2 * (len(fields) + 2), *fields]
+    (out / "hellaswag_val.bin").write_bytes(struct.pack("<256i", 20240522, 1, len(rows), *[0] * 253)
+                                            + struct.pack(f"<{len(stream)}H", *stream))
     return out
 
 

@@ -20,8 +20,8 @@ def main():
     settings = parse([a for a in sys.argv[1:] if not a.startswith("--local_rank")])  # the launcher adds it
     limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], trainer.fused_loss
 
-    def limited_fused_loss(device_type, precision):
-        loss_fn, label = real_fused_loss(device_type, precision)
+    def limited_fused_loss(device_type, precision, kernel="fused"):
+        loss_fn, label = real_fused_loss(device_type, precision, kernel)
 
         def limited(hidden, weight, targets):
             if hidden.shape[0] > limit * settings.seq_len:

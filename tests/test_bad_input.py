@@ -153,6 +153,7 @@ TRAIN_CASES = [
      "or turn validation off with --val_every 0"),
     (lambda t: (t / "file").write_text("x") and ["--out_dir", str(t / "file" / "out")],
      "error: --out_dir {tmp}/file/out: {tmp}/file is a file, not a directory"),
+    (["--loss", "liger"], "error: --loss liger runs on CUDA in bf16 only (this run: cpu, fp32)"),
     (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),
     (["--lr", "-0.001"], "error: --lr -0.001 must be a finite number > 0"),
     (["--lr", "inf"], "error: --lr inf must be a finite number > 0"),

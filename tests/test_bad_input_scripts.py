@@ -155,6 +155,18 @@ CASES = [
     ("gpt-plan", "--gpu h100-80gb --ds_config=", "error: --ds_config is empty: name a DeepSpeed JSON file"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/good.txt", "error: {in}/good.txt: invalid JSON (..."),
     ("gpt-plan", "--gpu h100-80gb --wrold_size 8", "error: unrecognized arguments: --wrold_size 8"),
+    ("gpt-plan", "--measure --gpu h100-80gb",
+     "error: --measure measures the GPU it runs on: drop --gpu (--gpu_mem GiB stands in for a smaller card)"),
+    ("gpt-plan", "--measure --world_size 8", "error: --measure runs one rank on this GPU: --world_size 8 cannot be "
+                                             "measured here (plan it without --measure)"),
+    ("gpt-plan", "--all --gpu h100-80gb", "error: --all applies to --measure (the GPU it runs on decides which precisions)"),
+    ("gpt-plan", "--measure --all --ds_config ds_configs/zero1_bf16.json", "error: give --ds_config or --all, not both"),
+    ("gpt-plan", "--measure --gpu_mem 0", "error: --gpu_mem 0.0 must be a finite number > 0"),
+    ("gpt-plan", "--measure --ds_config ds_configs/zero1_bf16.json {in}/missing.json",
+     "error: {in}/missing.json: DeepSpeed config not found"),
+    ("gpt-plan", "--measure --model tiny --seq_len 64",
+     "error: --measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is False); without "
+     "--measure, gpt-plan plans for the GPU you name"),
     # gpt-eval
     ("gpt-eval", "--checkpoint {ckpt} --data {data} --batch 0", "error: --batch 0 must be a finite number >= 1"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_label_7.jsonl --limit -1",
@@ -168,6 +180,9 @@ CASES = [
     ("gpt-eval", "--checkpoint {ckpt}", "error: nothing to evaluate: give --data and/or --hellaswag"),
     ("gpt-eval", "--checkpoint {ckpt} --data {data} --limit 3", "error: --limit applies to --hellaswag, which is not given"),
     ("gpt-eval", "--checkpoint {in}/missing --data {data}", "error: --checkpoint {in}/missing: not found"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --device cuda",
+     "error: --device cuda: torch sees no CUDA GPU here; use --device auto or cpu"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --device tpu", "error: argument --device: invalid choice: 'tpu' (..."),
     ("gpt-eval", "--checkpoint {in} --data {data}", "error: {in}: no complete checkpoint found"),
     ("gpt-eval", "--checkpoint {ckpt} --hf {in} --data {data}", "error: argument --hf: not allowed with argument --checkpoint"),
     ("gpt-eval", "--data {data}", "error: one of the arguments --checkpoint --hf is required"),
@@ -213,6 +228,8 @@ CASES = [
     ("gpt-sample", "--checkpoint {ckpt} --top_k 0", "error: --top_k 0 must be a finite number >= 1"),
     ("gpt-sample", "--checkpoint {ckpt} --num_samples 0", "error: --num_samples 0 must be a finite number >= 1"),
     ("gpt-sample", "--checkpoint {in}/missing", "error: --checkpoint {in}/missing: not found"),
+    ("gpt-sample", "--checkpoint {ckpt} --device cuda",
+     "error: --device cuda: torch sees no CUDA GPU here; use --device auto or cpu"),
     ("gpt-sample", "--checkpoint {in}", "error: {in}: no complete checkpoint found"),
     ("gpt-sample", "--hf {in}/hf_bert", "error: {in}/hf_bert/config.json: model_type 'bert', expected 'gpt2'"),
     ("gpt-sample", "--checkpoint {ckpt} --seed x", "error: argument --seed: invalid int value: 'x'"),
@@ -239,6 +256,8 @@ def snapshot(*directories):
 def test_bad_input_is_one_line_exit_1_and_changes_nothing(script, arguments, expected, bad_files, trained_checkpoint,
                                                           shakespeare_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # the scripts' default paths (ds_configs/...) are relative to the repository
+    if "--device cuda" in arguments or "--measure" in arguments:  # a machine without CUDA, also on one with a GPU
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     out = tmp_path / "out"
     names = {"in": bad_files, "out": out, "ckpt": trained_checkpoint, "data": shakespeare_dir}
     before = snapshot(bad_files, trained_checkpoint.parent, shakespeare_dir)

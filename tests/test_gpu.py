@@ -1,13 +1,18 @@
 """The CUDA paths, on one GPU: d12-shaped steps in bf16 and fp16 (the loss scale moves on overflow), the
 default torch.compile with validation and sampling, bit-exact resume under --deterministic, --micro_batch
-auto and DeepSpeed's FusedAdam JIT build. Skipped where there is no CUDA (CI);
-`python -m pytest -m gpu tests` runs just these on a GPU machine."""
+auto, DeepSpeed's FusedAdam JIT build, and gpt-eval / gpt-sample on the GPU. Skipped where there is no
+CUDA (CI); `python -m pytest -m gpu tests` runs just these on a GPU machine."""
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import train, train_losses, write_ds_config
+from conftest import REPO, train, train_losses, write_ds_config
+from gpt.evaluate import sample
+from gpt.model import GPT, PRESETS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -117,3 +122,59 @@ def test_d12_the_fused_loss_equals_the_classic_one_and_needs_less_memory(tmp_pat
     peak = {loss: max(r["peak_alloc_gib"] for r in rows) for loss, rows in runs.items()}
     assert peak["fused"] < peak["classic"] - 8 * 0.5, peak  # 8 sequences x >= 0.5 GiB of logits each
     assert all(r["peak_reserved_gib"] >= r["peak_alloc_gib"] for r in runs["fused"])
+
+
+def test_gpt_plan_measure_finds_the_largest_micro_batch_under_a_capped_allocator():
+    """gpt-plan --measure as a user runs it: d4, T=512, zero2_fp16 on 4 GiB (the allocator capped at 4 GiB less
+    what the process holds outside it), fused and classic loss. The answer is the largest size that fitted, the
+    next size did not, the peaks stay under the cap, and the fused loss fits more sequences; stdout is JSON."""
+    proc = subprocess.run([sys.executable, "-m", "gpt.plan", "--measure", "--model", "d4", "--seq_len", "512",
+                           "--ds_config", "ds_configs/zero2_fp16.json", "--loss", "fused", "classic", "--gpu_mem", "4",
+                           "--total_batch_tokens", str(512 * 512), "--json"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["allocator_cap_bytes"] + report["outside_allocator_bytes"] == 4 * 2**30
+    assert report["device"] == torch.cuda.get_device_name() and report["world_size"] == 1
+    for row in report["rows"]:
+        measured = row["measured_max_micro_batch"]
+        assert measured == max(t["micro_batch"] for t in row["tries"] if t["fits"]) and not row["capped_at_budget"]
+        assert any(t["micro_batch"] == measured + 1 and not t["fits"] for t in row["tries"]), row["tries"]
+        assert row["peak_reserved_gib"] * 2**30 <= report["allocator_cap_bytes"]
+        assert row["planned_max_micro_batch"] <= measured  # the plan is safe (tests/test_plan.py holds it to 90%)
+    fused, classic = report["rows"]
+    assert fused["measured_max_micro_batch"] > classic["measured_max_micro_batch"]
+
+
+def gpt_cli(*args):
+    """`python -m gpt.cli ...` as a user runs it: the completed process."""
+    return subprocess.run([sys.executable, "-m", "gpt.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=600)
+
+
+def test_gpt_eval_on_cuda_equals_the_cpu_to_bf16_rounding(trained_checkpoint, shakespeare_dir, hellaswag_files):
+    args = ["eval", "--checkpoint", str(trained_checkpoint), "--data", str(shakespeare_dir), "--seq_len", "64",
+            "--val_tokens", "8192", "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"]
+    runs = {device: json.loads(gpt_cli(*args, "--device", device).stdout.strip().splitlines()[-1])
+            for device in ("cpu", "cuda", "auto")}
+    precision = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
+    assert [(r["device"], r["precision"]) for r in runs.values()] == [("cpu", "fp32"), ("cuda", precision),
+                                                                       ("cuda", precision)]  # auto: the GPU
+    for run in ("cuda", "auto"):
+        assert runs[run]["val_loss"] == pytest.approx(runs["cpu"]["val_loss"], rel=1e-2)  # bf16 matmuls round
+        assert runs[run]["hellaswag_examples"] == 10 and 0 <= runs[run]["hellaswag_acc_norm"] <= 1
+
+
+def test_gpt_sample_on_cuda(trained_checkpoint):
+    proc = gpt_cli("sample", "--checkpoint", str(trained_checkpoint), "--device", "cuda", "--prompt", "To be",
+                   "--max_new_tokens", "8", "--num_samples", "2")
+    assert "sampling on cuda in " in proc.stderr
+    samples = proc.stdout.split("--- sample 0\n", 1)[1]  # past DeepSpeed's timestamped import warning
+    assert samples.startswith("To be") and samples.count("--- sample 1\nTo be") == 1
+
+
+def test_sampling_on_cuda_draws_from_a_cpu_or_a_cuda_generator():
+    model = GPT(PRESETS["tiny"]).cuda()
+    for generator in (torch.Generator(), torch.Generator(device="cuda")):
+        tokens = sample(model, [50256], 8, generator.manual_seed(0), torch.device("cuda"))
+        assert len(tokens) == 9 and max(tokens) < 50257

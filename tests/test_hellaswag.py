@@ -13,33 +13,6 @@ import torch.nn.functional as F
 from conftest import REPO, TINY, train, write_ds_config
 from gpt import hellaswag
 from gpt.model import GPT, PRESETS
-from gpt.tokenizer import gpt2_tokenizer
-
-CONTEXTS = ["A man is sitting on a roof. he", "A woman walks into the kitchen and", "The dog runs across the",
-            "Two kids are playing chess while", "She opens the box and finds", "The chef slices the onion, then",
-            "A cyclist climbs the hill and", "The teacher writes on the board and", "He tunes the guitar before",
-            "The crowd cheers as the runner"]
-ENDINGS = ["starts pulling up roofing on a roof.", "is holding a rubik's cube.", "eats a sandwich slowly.",
-           "jumps over the fence into the garden of the neighbours."]
-
-
-@pytest.fixture(scope="module")
-def hellaswag_files(tmp_path_factory):
-    """The same examples as official jsonl and as an llm.c eval .bin written from its spec."""
-    out = tmp_path_factory.mktemp("hellaswag")
-    rows = [{"ind": i, "ctx": c, "endings": ENDINGS[i % 4:] + ENDINGS[:i % 4], "label": i % 4, "split": "val"}
-            for i, c in enumerate(CONTEXTS)]
-    (out / "hellaswag_val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tokenizer = gpt2_tokenizer()
-    stream = []
-    for i, r in enumerate(rows):
-        fields = [i, r["label"], 4]
-        for tokens in [tokenizer.encode_ordinary(r["ctx"])] + [tokenizer.encode_ordinary(" " + e) for e in r["endings"]]:
-            fields += [len(tokens), *tokens]
-        stream += [65535, 2 * (len(fields) + 2), *fields]
-    (out / "hellaswag_val.bin").write_bytes(struct.pack("<256i", 20240522, 1, len(rows), *[0] * 253)
-                                            + struct.pack(f"<{len(stream)}H", *stream))
-    return out
 
 
 def brute_force(model, examples):
@@ -125,6 +98,7 @@ def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag
                           cwd=REPO, capture_output=True, text=True, check=True)
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert 9 < results["val_loss"] < 11 and results["hellaswag_examples"] == 10
+    assert results["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     assert 0 <= results["hellaswag_acc_norm"] <= 1 and results["hellaswag_examples_per_s"] > 0
     sample = [sys.executable, "-m", "gpt.cli", "sample", "--checkpoint", checkpoint, "--prompt", "To be",
               "--max_new_tokens", "8", "--num_samples", "2", "--seed", "7"]

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY, train, train_losses
+from gpt import loss as losses
 from gpt.loss import chunked_cross_entropy
 from gpt.model import GPT, GPTConfig
 
@@ -85,3 +86,21 @@ def test_training_with_the_fused_loss_equals_the_classic_loss(tmp_path, shakespe
         assert all(0.1 < r["peak_rss_gib"] < 24 for r in records if "loss" in r)  # the step's memory, logged
     assert "loss: fused (chunked PyTorch)" in proc.stdout and len(runs["classic"]) == 4
     assert runs["fused"] == pytest.approx(runs["classic"], rel=1e-5)
+
+
+def test_fused_means_the_devices_kernel_and_the_others_name_one(monkeypatch):
+    """--loss fused: liger on CUDA in bf16 where installed (FUSED_ON_CUDA_BF16, until measured otherwise), the
+    chunked path elsewhere or without liger; --loss chunked is that path on CUDA too; liger refused off CUDA bf16."""
+    def kernel(device, precision, choice="fused"):
+        return losses.fused_loss(device, precision, choice)[1]
+    monkeypatch.setattr(losses, "liger_problem", lambda device, precision: None)  # as if installed
+    assert kernel("cuda", "bf16") == kernel("cuda", "bf16", "liger") == "liger-kernel fused linear cross-entropy"
+    assert kernel("cuda", "bf16", "chunked") == kernel("cuda", "fp16") == kernel("cpu", "bf16") == "chunked PyTorch"
+    monkeypatch.setattr(losses, "FUSED_ON_CUDA_BF16", "chunked")  # the switch a GPU measurement may flip
+    assert kernel("cuda", "bf16") == "chunked PyTorch"
+    monkeypatch.setattr(losses, "FUSED_ON_CUDA_BF16", "liger")
+    monkeypatch.setattr(losses, "liger_problem", lambda device, precision: "not installed")
+    assert kernel("cuda", "bf16").startswith("chunked PyTorch (liger-kernel not installed")
+    monkeypatch.undo()
+    assert losses.liger_problem("cuda", "fp16") == "--loss liger runs on CUDA in bf16 only (this run: cuda, fp16)"
+    assert losses.fused_loss("cpu", "fp32", "chunked")[0] is chunked_cross_entropy

@@ -1,10 +1,11 @@
-"""The performance features that tests can check without timing anything: the --profile trace, and the
-CPU allocator setting (bench/train.py measures what they are worth)."""
+"""The performance features that tests can check without timing anything: the --profile trace, the CPU
+allocator setting (bench/train.py measures what they are worth), and a step's clock on an asynchronous device."""
 import json
 import subprocess
 import sys
 
 from conftest import REPO, TINY, train
+from gpt import dist
 
 
 def test_profile_writes_a_trace_per_rank_for_tensorboard(tmp_path, shakespeare_dir):
@@ -38,3 +39,19 @@ def test_cpu_allocator_keeps_freed_blocks_for_the_next_step():
         return int(out.split()[-1])  # the last line (DeepSpeed may print to stdout first)
     assert resident_after_free(keep=True) > 200 * 2**20  # kept: the next step reuses it without page faults
     assert resident_after_free(keep=False) < 16 * 2**20  # glibc's default: unmapped, faulted in again next time
+
+
+def test_a_steps_clock_stops_after_the_device_finished_its_work(monkeypatch):
+    """A GPU runs kernels asynchronously and the trainer's one host sync comes before its last backward and
+    optimizer step: the clock is read only after the device synchronized, and the work queued before the step
+    is finished before the clock starts (here the device is an event log)."""
+    events = []
+
+    class Accelerator:
+        def synchronize(self):
+            events.append("synchronize")
+    monkeypatch.setattr(dist, "get_accelerator", Accelerator)
+    monkeypatch.setattr(dist.time, "perf_counter", lambda: events.append("clock") or float(len(events)))
+    result, seconds = dist.timed_on_device(lambda: events.append("step") or "loss")
+    assert result == "loss" and events == ["synchronize", "clock", "step", "synchronize", "clock"]
+    assert seconds == 5.0 - 2.0

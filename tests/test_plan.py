@@ -4,8 +4,10 @@ behaves; bad input is a clear error."""
 import json
 import re
 import subprocess
+import sys
 
 import pytest
+import torch
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from conftest import REPO, free_port
@@ -102,6 +104,30 @@ def test_the_plan_matches_what_an_h100_fitted(run):
     assert 0.9 * last_fit <= plan["max_micro_batch"] < first_oom, (plan["max_micro_batch"], last_fit, first_oom)
 
 
+MEASURED = sorted((REPO / "tests" / "data").glob("gpu_measure_*.json"))  # gpt-plan --measure --json reports
+
+
+@pytest.mark.parametrize("report", MEASURED, ids=lambda path: path.stem)
+def test_the_plan_holds_every_row_measured_on_a_gpu(report):
+    """Every row gpt-plan --measure measured (tests/data/gpu_measure_*.json, written on a GPU by
+    launch/gpu_check.sh), planned again now: at most the measured size and at least 90% of it; a row whose
+    search stopped at the token budget only says the plan may reach it."""
+    report = json.loads(report.read_text())
+    config = GPTConfig(**report["model_config"], block_size=max(1024, report["seq_len"]))
+    device_bytes = (report["allocator_cap_bytes"] + report["outside_allocator_bytes"] if report["allocator_cap_bytes"]
+                    else report["total_memory_bytes"])
+    for row in report["rows"]:
+        measured = row["measured_max_micro_batch"]
+        try:
+            planned = make_plan(config, report["seq_len"], load_ds_config(REPO / row["ds_config"]), 1, device_bytes,
+                                report["total_batch_tokens"], row["loss"], row["allocator"])["max_micro_batch"]
+        except PlanError:
+            planned = 0
+        if row["capped_at_budget"]:
+            continue  # the GPU fits the whole budget: any plan up to it is safe
+        assert measured and 0.9 * measured <= planned <= measured, (row["ds_config"], row["loss"], planned, measured)
+
+
 def plan_for(config_name, gpu_gib, model=GPTConfig(), world_size=8):
     return make_plan(model, 1024, load_ds_config(REPO / "ds_configs" / config_name), world_size, gpu_gib * GiB, 524288)
 
@@ -152,6 +178,42 @@ def test_cli_json_and_errors(capsys):
     assert code == 1 and err.startswith("error: give --gpu (one of a100-40gb")
     with pytest.raises(PlanError):
         plan_for("zero1_bf16.json", 0.5)
+
+
+def test_several_configs_and_losses_plan_each(capsys):
+    code, out, _ = gpt_plan(capsys, "--gpu", "v100-32gb", "--ds_config", "ds_configs/zero2_fp16.json",
+                            "ds_configs/zero2_fp16_ckpt.json", "--loss", "fused", "classic", "--json")
+    plans = json.loads(out)
+    assert code == 0 and [(p["checkpointing"], p["loss"]) for p in plans] == [
+        (False, "fused"), (False, "classic"), (True, "fused"), (True, "classic")]
+    assert plans[0]["max_micro_batch"] > plans[1]["max_micro_batch"]  # the fused loss fits more
+    code, out, _ = gpt_plan(capsys, "--gpu", "v100-32gb", "--ds_config", "ds_configs/zero2_fp16.json",
+                            "ds_configs/zero2_fp16_ckpt.json")
+    assert out.count("max micro-batch") == 2 and "v100-32gb, ds_configs/zero2_fp16_ckpt.json: 124M" in out
+
+
+def plain_shell_env():
+    """The environment of a new shell: without conftest's DS_ACCELERATOR=cpu, with the project importable."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DS_ACCELERATOR"}
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
+def test_gpt_plan_in_a_plain_shell_prints_only_json_and_measure_needs_a_gpu():
+    """As a user runs it: DeepSpeed picks its accelerator itself and may log; stdout holds nothing but the
+    JSON. Without a GPU, --measure is one line and exit 1."""
+    run = lambda *args: subprocess.run([sys.executable, "-m", "gpt.plan", "--model", "tiny", "--seq_len", "64",  # noqa: E731
+                                        "--ds_config", "ds_configs/zero2_fp32.json", *args], cwd=REPO,
+                                       capture_output=True, text=True, timeout=300, env=plain_shell_env())
+    planned = run("--gpu", "v100-32gb", "--json")
+    assert planned.returncode == 0 and json.loads(planned.stdout)["seq_len"] == 64, planned.stderr[-2000:]
+    if torch.cuda.is_available():
+        return  # the GPU side: tests/test_gpu.py
+    measured = run("--measure", "--json")
+    assert measured.returncode == 1 and measured.stdout == "", measured.stdout + measured.stderr
+    assert measured.stderr.splitlines()[-1] == (
+        "error: --measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is False); "
+        "without --measure, gpt-plan plans for the GPU you name")
+    assert "Traceback" not in measured.stderr
 
 
 def batch_report():

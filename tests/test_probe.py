@@ -1,7 +1,9 @@
-"""--micro_batch auto's probe (gpt/probe.py): real DeepSpeed engines on CPU, with the GPU allocator's
-out-of-memory simulated in the loss, since a CPU process swaps or is killed instead of raising it."""
+"""--micro_batch auto's probe (gpt/probe.py) and gpt-plan --measure's search (gpt/measure.py): real DeepSpeed
+engines on CPU, with the GPU allocator's out-of-memory simulated in the loss, since a CPU process swaps or is
+killed instead of raising it."""
 import gc
 import json
+import math
 import subprocess
 import weakref
 
@@ -11,18 +13,22 @@ import torch
 from gpt import engine as ds_engine
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
-from gpt.probe import dividing_sizes, probe_micro_batch
+from gpt.measure import format_report, measure_row, report_header
+from gpt.probe import dividing_sizes, probe_micro_batch, search_largest
 from conftest import FP32_CONFIG, REPO, TINY, free_port
 
 SEQ_LEN, VOCAB = 16, 128
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=SEQ_LEN, vocab_size=VOCAB)
 
 
-def engine_factory(limit, models, error=torch.OutOfMemoryError):
-    """new_engine for the probe: a real fp32 engine whose loss raises `error` above `limit` sequences."""
+def engine_factory(limit, models, error=torch.OutOfMemoryError, steps=None):
+    """new_engine for the probe: a real fp32 engine whose loss raises `error` above `limit` sequences; each
+    forward's micro-batch is appended to `steps` if given."""
     ds_config = json.loads((REPO / FP32_CONFIG).read_text())
 
     def limited_loss(hidden, weight, targets):
+        if steps is not None:
+            steps.append(hidden.shape[0] // SEQ_LEN)
         if hidden.shape[0] > limit * SEQ_LEN:
             raise error("simulated")
         return torch.nn.functional.cross_entropy(hidden @ weight.t(), targets)
@@ -54,6 +60,59 @@ def test_the_probe_bisects_below_the_plan_to_the_largest_size_that_fits(single_r
     assert "peak_rss_gib" in log[0]
     gc.collect()
     assert all(model() is None for model in models), "a probe's model outlived its engine"
+
+
+def test_a_probe_takes_two_steps_on_one_engine(single_rank_group):
+    """The first step creates Adam's moments; only the second step's forward and backward run beside them."""
+    models, steps = [], []
+    assert probe_micro_batch(engine_factory(8, models, steps=steps), [1, 2, 4], SEQ_LEN, VOCAB, torch.device("cpu"),
+                             log=lambda line: None) == 4
+    assert steps == [4, 4] and len(models) == 1
+
+
+@pytest.mark.parametrize("last", [0, 1, 7, 40, 511])
+def test_the_search_finds_the_largest_fitting_index_from_any_start(last):
+    """Every limit and every starting guess: the answer exact, no index tried twice or out of range, and at most
+    2 log2(last + 2) tries."""
+    for limit in range(-1, last + 1):
+        for start in range(0, last + 1, max(1, last // 13)):
+            tried = []
+
+            def fits(index):
+                assert 0 <= index <= last and index not in tried
+                tried.append(index)
+                return index <= limit
+            assert search_largest(fits, start, last) == limit
+            assert len(tried) <= 2 * math.ceil(math.log2(last + 2)), (limit, start, tried)
+
+
+@pytest.mark.parametrize("limit, planned, tried, measured", [
+    (13, 4, [4, 5, 7, 11, 19, 15, 13, 14], 13),  # the plan under the GPU's answer: up in doubling strides, bisect
+    (40, 32, [32], 32),  # the whole token budget on one GPU fits: the search stops there
+    (0, 4, [4, 2, 1], None)])  # not even one sequence
+def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, planned, tried, measured):
+    """gpt-plan --measure's search with the simulated out-of-memory: 32 sequences of budget (--total_batch_tokens
+    = 32 x seq_len), each size two steps on a fresh engine, every engine freed, the report's table."""
+    models, log = [], []
+    plan = {"max_micro_batch": planned}
+    row = measure_row(engine_factory(limit, models), plan, 32 * SEQ_LEN, SEQ_LEN, VOCAB, torch.device("cpu"),
+                      log=log.append)
+    assert [t["micro_batch"] for t in row["tries"]] == tried and len(log) == len(tried)
+    assert [t["fits"] for t in row["tries"]] == [size <= limit for size in tried]
+    assert row["measured_max_micro_batch"] == measured and row["capped_at_budget"] == (measured == 32)
+    assert row["measured_micro_batch"] == {13: 8, 32: 32, None: None}[measured]  # the largest dividing 32
+    assert row["planned_over_measured"] == (planned / measured if measured else None)
+    assert row["peak_alloc_gib"] is None and row["search_s"] > 0  # peaks are the GPU allocator's; on CPU the RSS
+    gc.collect()
+    assert all(model() is None for model in models), "a measured model outlived its engine"
+    report = report_header("CPU", 2 * 2**30, 0, None, "tiny", CONFIG, SEQ_LEN, 32 * SEQ_LEN)
+    report["rows"].append({"ds_config": FP32_CONFIG, "loss": "fused", "allocator": "default", **row})
+    table = format_report(report).splitlines()
+    assert table[0].startswith(f"tiny, seq_len {SEQ_LEN}, 1 rank, 2 eager steps per try, on CPU (2.00 GiB); ")
+    measured_cell = {13: "13", 32: ">= 32 (budget)", None: "-"}[measured]
+    ratio = f"{planned / measured:.2f}" if measured else "-"
+    assert table[-1].startswith(f"| zero2_fp32.json | fused | default | {planned} | {measured_cell} | {ratio} | - | - "
+                                f"| {len(tried)} | ")
 
 
 def test_an_error_other_than_out_of_memory_is_not_taken_for_one(single_rank_group):

