@@ -11,16 +11,26 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
   allocator the trainer step with glibc's default malloc vs freed memory kept in the heap (--full)
   compile   torch.compile on/off: first-step (compile) time, steady step-time ratio (--full)
-  loss      tokens/s of the fused loss at --micro_batch auto's choice (the plan, probed on a GPU) / the
-            classic full-logits loss's best over micro-batches doubling up to its first out-of-memory
+  loss      which kernel --loss fused should mean (issue 22): each fused kernel (liger where it can run, the
+            chunked PyTorch path) and the classic loss at a fixed micro-batch (64 on a GPU) and at --micro_batch
+            auto's choice, every row the same tokens/step (compiled on a GPU): tokens/s, peak memory, and the
+            ratio to the classic loss's best over micro-batches doubling up to its first out-of-memory; a
+            verdict line names the fastest fused kernel and whether it meets that target
+  speed     the trainer's tokens/s and MFU, eager and compiled, --loss fused and classic, each against the
+            same plain PyTorch loop (compiled where the mode compiles), built once, steps interleaved; on a GPU
+            d12, T=1024, 0.5M tokens/step (issue 22)
+  deterministic  what --deterministic costs: train_ds.py without and with it in fresh processes, alternating
+            (ABAB: the setting is process-global), eager; the median per-step dt from each run's metrics.jsonl
 
     python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min); on a GPU
                                                #   d12 at 131k tokens/step, eager and compiled
-    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile, loss
-                                               #   (~15 min); on a GPU also loss: d12, T=1024, up to 512 sequences
+    python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile, loss,
+                                               #   speed, deterministic (~25 min); on a GPU every GPU section
     python bench/train.py --only zero ckpt     # some sections
+    python bench/train.py --only loss speed deterministic  # on a GPU: issue 22's figures, d12 at 0.5M tokens/step
     python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/test_bench.py)
-    python bench/train.py --json bench.json    # also write the results as JSON
+    python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
+    python bench/train.py --json bench.json    # also write the results as JSON (after each section)
 """
 import argparse
 import contextlib
@@ -34,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,38 +57,60 @@ from gpt.config import parse
 
 REPO = Path(__file__).resolve().parents[1]
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard
-from gpt.dist import device_type, free_port, return_freed_memory
+from gpt.dist import device_type, free_port, return_freed_memory, timed_on_device
 from gpt.optim import param_groups
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
 from gpt.metrics import measure_cpu_peak_flops, peak_flops
 from gpt.model import GPT, GPT2_VOCAB_SIZE
-from gpt.memory import engine_state_bytes, measure_activation_bytes
+from gpt.loss import LOSS_CHOICES, fused_loss, liger_problem
+from gpt.memory import engine_state_bytes, measure_activation_bytes, peak_memory
 from gpt.plan import resident_model_state_bytes
 from gpt.probe import is_out_of_memory
 
 DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss"]
+SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss", "speed", "deterministic"]
 CPU_ONLY_SECTIONS = {"zero", "allocator"}  # 2 ranks on one machine's cores; glibc's malloc
 # What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum), in `dtypes`, eager and,
-# where `overhead_compile` says so, compiled; the other sections (model, seq_len, micro_batch[, dtypes]);
-# `sections` run unless --only names others; loss: (model, seq_len, largest micro-batch). On CPU `peak_max_size` bounds the measured matmul peak.
+# where `overhead_compile` says so, compiled; zero, ckpt, allocator, compile (model, seq_len, micro_batch[, dtypes]);
+# loss, speed, deterministic: the keyword arguments of measure_loss, measure_speed, measure_deterministic (`repeats`
+# there overrides the mode's); `sections` run unless --only names others (`full_sections` with --full on a GPU).
+# On CPU `peak_max_size` bounds the measured matmul peak.
 MODES = {
     "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
-                  ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8), repeats=4,
-                  peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
+                  ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8),
+                  loss=dict(model="d4", seq_len=256, sequences=8, micro_batch=4, sweep_from=1, compile=False),
+                  speed=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=2, compiles=(False,)),
+                  deterministic=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=1, steps=6, rounds=2),
+                  repeats=4, peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
-                 loss=("d4", 256, 32), repeats=6, peak_max_size=4096, sections=SECTIONS),
-    # each default section's code path once on the tiny model, for tests/test_bench.py: the figures mean nothing
+                 loss=dict(model="d4", seq_len=256, sequences=32, micro_batch=8, sweep_from=1, compile=False),
+                 speed=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, compiles=(False, True)),
+                 deterministic=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, steps=8, rounds=2),
+                 repeats=6, peak_max_size=4096, sections=SECTIONS),
+    # each section's code path once on the tiny model, for tests/test_bench.py: the figures mean nothing. loss, speed
+    # and deterministic only when named with --only (a test of their own), and eager: compiling takes ~60 s on 2 cores
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
-                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4), loss=("tiny", 64, 2), repeats=1,
-                  peak_max_size=256, sections=["overhead", "zero", "ckpt", "loss"]),
+                  allocator=("tiny", 64, 4), compile=("tiny", 64, 4),
+                  loss=dict(model="tiny", seq_len=64, sequences=2, micro_batch=1, sweep_from=1, compile=False),
+                  speed=dict(model="tiny", seq_len=64, micro_batch=2, grad_accum=2, compiles=(False,)),
+                  deterministic=dict(model="tiny", seq_len=64, micro_batch=2, grad_accum=1, steps=3, rounds=1),
+                  repeats=1, peak_max_size=256, sections=["overhead", "zero", "ckpt"]),
     # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
-    # eager and compiled (issue 11 measured 0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step)
+    # eager and compiled (issue 11 measured 0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step).
+    # Issue 22 (loss, speed, deterministic) at d12, T=1024, few repeats: compiling each shape takes most of the time.
+    # loss: the classic sweep from 32 (d12's classic loss fit 76 sequences eagerly on an H100, so 128 is its
+    # out-of-memory); speed: micro-batch 32 so that the trainer and the plain loop fit side by side on 80 GB,
+    # compiled first (the default with CUDA: the rows a run cut short by its time limit should have printed).
     "gpu": dict(overhead=[("d12", 1024, 32, 4)], dtypes=("bf16",), overhead_compile=(False, True),
-                ckpt=("d12", 1024, 32, ("bf16",)), compile=("d12", 1024, 32), loss=("d12", 1024, 512), repeats=5,
-                sections=["overhead"]),
+                ckpt=("d12", 1024, 32, ("bf16",)), compile=("d12", 1024, 32),
+                loss=dict(model="d12", seq_len=1024, sequences=512, micro_batch=64, sweep_from=32, compile=True,
+                          repeats=2),
+                speed=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=16, compiles=(True, False), repeats=3),
+                deterministic=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=4, steps=8, rounds=2),
+                repeats=5, sections=["overhead"],
+                full_sections=["overhead", "ckpt", "compile", "loss", "speed", "deterministic"]),
 }
 
 
@@ -126,14 +159,21 @@ def ds_config_file(directory, dtype, stage=1, checkpointing=False):
     return str(path)
 
 
-def trainer_settings(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, compile=False):
+def trainer_argv(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, compile=False,
+                 loss="fused", max_steps=1000):
+    """train_ds.py's command line for these settings (no validation, no samples)."""
     # compile is always explicit: the trainer's default (None) would turn it on with CUDA, off on CPU
-    return parse([
+    return [
         "--data", str(data), "--out_dir", str(out_dir), "--ds_config", ds_config, "--model", model,
         "--seq_len", str(seq_len), "--micro_batch", str(micro_batch),
-        "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size),
-        "--max_steps", "1000", "--warmup_steps", "10", "--val_every", "0", "--sample_every", "0",
-        "--val_tokens", str(seq_len), "--seed", "0", "--compile" if compile else "--no-compile"])
+        "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size), "--loss", loss,
+        "--max_steps", str(max_steps), "--warmup_steps", str(min(10, max_steps)), "--val_every", "0",
+        "--sample_every", "0", "--val_tokens", str(seq_len), "--seed", "0", "--compile" if compile else "--no-compile"]
+
+
+def trainer_settings(*args, **kwargs):
+    """The trainer's settings for trainer_argv(*args, **kwargs)."""
+    return parse(trainer_argv(*args, **kwargs))
 
 
 @contextlib.contextmanager
@@ -211,13 +251,8 @@ class PlainPyTorch:
 
 
 def timed_step(stepper):
-    """Seconds of one step, all its device work included: a GPU runs kernels asynchronously, and the
-    trainer's one host sync (the loss .item()) comes before its last backward and optimizer step."""
-    get_accelerator().synchronize()  # a no-op on CPU
-    start = time.perf_counter()
-    stepper.step()
-    get_accelerator().synchronize()
-    return time.perf_counter() - start
+    """Seconds of one step, all its device work included (a GPU runs kernels asynchronously)."""
+    return timed_on_device(stepper.step)[1]
 
 
 def interleaved_seconds(steppers, repeats, warmup=1):
@@ -289,41 +324,122 @@ def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     return rows
 
 
-def measure_loss(data, tmp, model, seq_len, largest, dtype, repeats):
-    """Issue 13's speed target: the fused loss at the micro-batch --micro_batch auto picks (budget: `largest`
-    sequences per step) no slower in tokens/s than the classic loss's best, each micro-batch one step."""
+LOSS_KERNELS = ("classic", *(k for k in LOSS_CHOICES if k not in ("fused", "classic")))  # classic first: the target
+
+
+def measure_loss(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep_from, compile, repeats):
+    """Issue 22's choice of the kernel behind --loss fused: the classic loss and each fused kernel at micro-batch
+    `micro_batch` ("fixed") and at --micro_batch auto's choice for that loss ("auto"); the classic loss also at
+    micro-batches doubling from `sweep_from` up to its first out-of-memory ("sweep"), its best tokens/s the
+    target. Every row `sequences` x seq_len tokens per step (accumulating), compiled as `compile` says. Returns
+    (rows, the verdict)."""
     config, rows = ds_config_file(tmp, dtype), []
-    micro_batch = 1
-    while micro_batch <= largest:
-        classic = replace(trainer_settings(data, Path(tmp) / f"classic{micro_batch}", config, model, seq_len,
-                                           micro_batch, 1), loss="classic")
-        measured = tokens_per_second(classic, repeats)
-        rows.append(dict(model=model, dtype=dtype, loss="classic", micro_batch=micro_batch, grad_accum=1,
-                         tokens_per_s=measured, ratio_to_classic_best=None))
-        print_row(rows[-1], LOSS_COLUMNS)
-        if measured is None:  # out of memory: larger ones will not fit either
-            break
-        micro_batch *= 2
-    auto = replace(trainer_settings(data, Path(tmp) / "fused", config, model, seq_len, largest, 1), micro_batch="auto")
-    trainer = Trainer(auto)
-    seconds, = interleaved_seconds([trainer], repeats)
-    chosen, accumulation = trainer.settings.micro_batch, trainer.run.grad_accum
-    trainer.close()
-    best = max((r["tokens_per_s"] for r in rows if r["tokens_per_s"]), default=None)
-    rows.append(dict(model=model, dtype=dtype, loss="fused (auto)", micro_batch=chosen, grad_accum=accumulation,
-                     tokens_per_s=auto.total_batch_tokens / seconds,
-                     ratio_to_classic_best=auto.total_batch_tokens / seconds / best if best else None))
-    print_row(rows[-1], LOSS_COLUMNS)
-    return rows
+
+    def settings(kernel, size):
+        return trainer_settings(data, Path(tmp) / f"loss_{kernel}_{size}", config, model, seq_len, size,
+                                sequences // size, compile=compile, loss=kernel)
+    for kernel in LOSS_KERNELS:
+        base = dict(blank_row(LOSS_COLUMNS), model=model, dtype=dtype, loss=kernel, compiled=compile)
+        problem = liger_problem(DEVICE, dtype) if kernel == "liger" else None
+        if problem:
+            rows.append(dict(base, note=f"skipped: {problem}"))
+            print_row(rows[-1], LOSS_COLUMNS)
+            continue
+        try:
+            picks = {micro_batch: ["fixed"]}  # micro-batch: why it is measured
+            auto = auto_micro_batch(replace(settings(kernel, sequences), micro_batch="auto",
+                                            out_dir=str(Path(tmp) / f"loss_{kernel}_auto")))
+            picks.setdefault(auto, []).append("auto")
+            if kernel == "classic":
+                size = sweep_from
+                while size <= sequences:
+                    picks.setdefault(size, []).insert(0, "sweep")
+                    size *= 2
+            out_of_memory_at = None
+            for size in sorted(picks):
+                if out_of_memory_at is not None and picks[size] == ["sweep"]:
+                    continue  # the sweep ends at its first out-of-memory: larger ones will not fit either
+                row = dict(base, micro_batch=size, grad_accum=sequences // size, picked_by=", ".join(picks[size]))
+                if out_of_memory_at is None:
+                    row.update(trainer_throughput(settings(kernel, size), repeats))
+                    out_of_memory_at = size if row["tokens_per_s"] is None else None
+                else:
+                    row["note"] = f"out of memory (micro-batch {out_of_memory_at} was)"
+                best = fastest_row(r for r in rows if r["loss"] == "classic")  # the classic rows come first
+                if kernel != "classic" and row["tokens_per_s"] and best:
+                    row["ratio_to_classic_best"] = row["tokens_per_s"] / best["tokens_per_s"]
+                rows.append(row)
+                print_row(row, LOSS_COLUMNS)
+        except Exception as error:  # noqa: BLE001 -- a fused kernel that fails here is an answer (liger has open bugs)
+            if kernel == "classic":
+                raise
+            traceback.print_exc()
+            rows.append(dict(base, note=f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"))
+            print_row(rows[-1], LOSS_COLUMNS)
+    verdict = loss_verdict(rows, micro_batch, dtype)
+    print(f"\n{verdict['line']}", flush=True)
+    return rows, verdict
 
 
-def tokens_per_second(settings, repeats):
-    """The trainer's tokens/s with these settings, or None if it runs out of memory (then freed)."""
-    trainer, result = None, None
+def fastest_row(rows):
+    """The row with the most tokens/s, or None if none ran."""
+    return max((r for r in rows if r["tokens_per_s"]), key=lambda r: r["tokens_per_s"], default=None)
+
+
+def loss_verdict(rows, micro_batch, dtype):
+    """The fastest fused kernel against the classic loss's best (the target), and its memory against the
+    classic loss's at `micro_batch`."""
+    best = fastest_row(r for r in rows if r["loss"] == "classic")
+    winner = fastest_row(r for r in rows if r["loss"] != "classic")
+    if not best or not winner:
+        return dict(line=f"verdict: nothing to compare: {'no fused kernel' if best else 'the classic loss never'} ran",
+                    fastest=None, ratio=None, meets_target=None, keeps_memory_gain=None)
+    ratio, memory = winner["ratio_to_classic_best"], MEMORY_COLUMNS[0][0]
+    kernel = winner["loss"]
+    at_fixed = {r["loss"]: r for r in rows if r["micro_batch"] == micro_batch and r["loss"] in ("classic", kernel)}
+    fused_gib, classic_gib = (at_fixed.get(loss, {}).get(memory) for loss in (kernel, "classic"))
+    if fused_gib is None:
+        keeps, memory_text = None, f"no {kernel} figure at micro-batch {micro_batch}"
+    elif classic_gib is None:  # the classic loss ran out of memory there
+        keeps, memory_text = True, f"{kernel} {fused_gib:.2f} GiB, the classic loss out of memory"
+    else:
+        keeps, memory_text = fused_gib < classic_gib, f"{kernel} {fused_gib:.2f} GiB vs classic {classic_gib:.2f}"
+    line = (f"verdict: the fastest fused kernel is {kernel}: {winner['tokens_per_s']:,.0f} tokens/s at micro-batch "
+            f"{winner['micro_batch']}, {ratio:.3f}x the classic loss's best ({best['tokens_per_s']:,.0f} at "
+            f"micro-batch {best['micro_batch']}): {'meets' if ratio >= 1 else 'misses'} the target (>= the classic "
+            f"loss's best); {memory} at micro-batch {micro_batch}: {memory_text}"
+            + ("" if keeps is None else f" ({'keeps' if keeps else 'loses'} the memory gain)"))
+    if DEVICE == "cuda" and dtype == "bf16":
+        line += f'. For gpt/loss.py: FUSED_ON_CUDA_BF16 = "{kernel}"'
+    return dict(line=line, fastest=kernel, ratio=ratio, meets_target=ratio >= 1, keeps_memory_gain=keeps)
+
+
+def auto_micro_batch(settings):
+    """The micro-batch --micro_batch auto picks for these settings (the plan, probed on a GPU)."""
+    with quiet():
+        chosen = gpt.trainer.prepare(settings).settings.micro_batch
+    gc.collect()
+    get_accelerator().empty_cache()
+    return chosen
+
+
+def forget_compiled_code():
+    """Drop torch.compile's graphs, so that the next compiled model compiles for its own static shapes, as a
+    run does: otherwise a new batch size recompiles with a dynamic batch dimension, and past dynamo's
+    recompile limit (8 per function) the model silently runs eager."""
+    torch._dynamo.reset()
+
+
+def trainer_throughput(settings, repeats):
+    """The trainer's tokens/s with these settings and its last step's peak memory (gpt.memory.peak_memory, reset
+    at each step), or tokens_per_s None and a note if it runs out of memory (then freed)."""
+    trainer, result = None, dict(tokens_per_s=None, note="out of memory")
+    if settings.compile:
+        forget_compiled_code()
     try:
         trainer = Trainer(settings)
         seconds, = interleaved_seconds([trainer], repeats)
-        result = settings.total_batch_tokens / seconds
+        result = dict(tokens_per_s=settings.total_batch_tokens / seconds, **peak_memory(DEVICE))
     except Exception as error:  # noqa: BLE001 -- out-of-memory is an answer here; anything else is re-raised
         if not is_out_of_memory(error):
             raise
@@ -334,6 +450,65 @@ def tokens_per_second(settings, repeats):
         gc.collect()
         get_accelerator().empty_cache()
     return result
+
+
+def measure_speed(data, tmp, dtype, peaks, model, seq_len, micro_batch, grad_accum, compiles, repeats):
+    """Issue 22's trainer speed: tokens/s and MFU, eager and compiled (`compiles`), --loss fused and classic, each
+    variant's steps interleaved with one plain PyTorch loop built once (compiled if any variant is), so that
+    every variant is measured against the same baseline."""
+    config, rows, plain = ds_config_file(tmp, dtype), [], None
+    forget_compiled_code()  # whatever an earlier section compiled
+    for compiled in compiles:
+        for loss in ("fused", "classic"):
+            settings = trainer_settings(data, Path(tmp) / f"speed_{loss}_{'compiled' if compiled else 'eager'}", config,
+                                        model, seq_len, micro_batch, grad_accum, compile=compiled, loss=loss)
+            trainer = Trainer(settings)
+            if plain is None:
+                plain = PlainPyTorch(settings, trainer.config, dtype, compile=any(compiles))
+            trainer_s, plain_s = interleaved_seconds([trainer, plain], repeats)
+            flops = trainer.run.model.flops_per_token(seq_len) * settings.total_batch_tokens
+            trainer.close()
+            rows.append(dict(model=model, dtype=dtype, compiled=compiled, loss=loss, micro_batch=micro_batch,
+                             grad_accum=grad_accum, tokens_per_step=settings.total_batch_tokens,
+                             tokens_per_s=settings.total_batch_tokens / trainer_s,
+                             mfu=flops / trainer_s / peaks[dtype] if peaks[dtype] else None,
+                             plain_compiled=any(compiles), plain_tokens_per_s=settings.total_batch_tokens / plain_s,
+                             plain_mfu=flops / plain_s / peaks[dtype] if peaks[dtype] else None,
+                             ratio_to_plain=plain_s / trainer_s))
+            print_row(rows[-1], SPEED_COLUMNS)
+    plain.close()
+    return rows
+
+
+def measure_deterministic(data, tmp, dtype, model, seq_len, micro_batch, grad_accum, steps, rounds):
+    """What --deterministic costs: train_ds.py (eager) without and with it, each in a fresh process, alternating
+    `rounds` times (the setting is process-global, and cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when it
+    starts); per run the median of metrics.jsonl's dt over steps >= 2, per setting the median over runs."""
+    config, seconds, note = ds_config_file(tmp, dtype), {False: [], True: []}, None
+    # each run as set: --deterministic sets CUBLAS_WORKSPACE_CONFIG itself, and the default run must not inherit it
+    env = {k: v for k, v in worker_env().items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    for round_index in range(rounds):
+        for deterministic in (False, True):
+            out = Path(tmp) / f"deterministic_{deterministic}_{round_index}"
+            argv = trainer_argv(data, out, config, model, seq_len, micro_batch, grad_accum, max_steps=steps)
+            cmd = [sys.executable, "train_ds.py", *argv] + (["--deterministic"] if deterministic else [])
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                print(proc.stdout[-2000:] + proc.stderr[-3000:], file=sys.stderr)
+                note = (f"{'--deterministic' if deterministic else 'the default'} run failed (exit {proc.returncode}): "
+                        + (proc.stderr.strip().splitlines() or ["no output"])[-1][:200])
+                break
+            metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            seconds[deterministic].append(statistics.median(m["dt"] for m in metrics if "dt" in m and m["step"] >= 2))
+        if note:
+            break
+    default_s, deterministic_s = (statistics.median(s) if s and not note else None for s in seconds.values())
+    row = dict(model=model, dtype=dtype, tokens_per_step=seq_len * micro_batch * grad_accum, steps=steps,
+               runs=rounds, default_s=default_s, deterministic_s=deterministic_s,
+               ratio=deterministic_s / default_s if default_s and deterministic_s else None, note=note,
+               default_runs_s=seconds[False], deterministic_runs_s=seconds[True])
+    print_row(row, DETERMINISTIC_COLUMNS)
+    return [row]
 
 
 def measure_zero_stages(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
@@ -423,8 +598,22 @@ ALLOCATOR_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}")
                      ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
 COMPILE_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("first_step_s", "{:.1f}"), ("eager_s", "{:.3f}"),
                    ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
-LOSS_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("loss", "{}"), ("micro_batch", "{}"), ("grad_accum", "{}"),
-                ("tokens_per_s", "{:.0f}"), ("ratio_to_classic_best", "{:.2f}")]
+# peak memory as gpt.memory.peak_memory reports it here
+MEMORY_COLUMNS = [("peak_alloc_gib", "{:.2f}"), ("peak_reserved_gib", "{:.2f}")] if DEVICE == "cuda" else \
+    [("peak_rss_gib", "{:.2f}")]
+LOSS_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("loss", "{}"), ("compiled", "{}"), ("micro_batch", "{}"),
+                ("grad_accum", "{}"), ("picked_by", "{}"), ("tokens_per_s", "{:.0f}"), *MEMORY_COLUMNS,
+                ("ratio_to_classic_best", "{:.3f}"), ("note", "{}")]
+SPEED_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("compiled", "{}"), ("loss", "{}"), ("micro_batch", "{}"),
+                 ("grad_accum", "{}"), ("tokens_per_s", "{:.0f}"), ("mfu", "{:.3f}"), ("plain_tokens_per_s", "{:.0f}"),
+                 ("plain_mfu", "{:.3f}"), ("ratio_to_plain", "{:.3f}")]
+DETERMINISTIC_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}"), ("steps", "{}"), ("runs", "{}"),
+                         ("default_s", "{:.4f}"), ("deterministic_s", "{:.4f}"), ("ratio", "{:.3f}"), ("note", "{}")]
+
+
+def blank_row(columns):
+    """A row with every column, each None (printed '-') until measured."""
+    return {name: None for name, _ in columns}
 
 
 def print_header(title, columns):
@@ -438,8 +627,10 @@ def print_row(row, columns):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="larger batches, more steps, allocator, compile")
-    parser.add_argument("--smoke", action="store_true", help="overhead, zero, ckpt once on the tiny model (for tests)")
+    parser.add_argument("--full", action="store_true", help="larger batches, more steps, every section")
+    parser.add_argument("--smoke", action="store_true",
+                        help="each section's code once on the tiny model (for tests): overhead, zero, ckpt "
+                             "unless --only names others")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
@@ -461,7 +652,7 @@ def main():
     if DEVICE == "cuda" and mode != "smoke":
         mode = "gpu"
     settings = MODES[mode]
-    sections = set(args.only or settings["sections"])
+    sections = set(args.only or settings["full_sections" if args.full and "full_sections" in settings else "sections"])
     if DEVICE == "cuda" and sections & CPU_ONLY_SECTIONS:
         print(f"skipping {', '.join(sorted(sections & CPU_ONLY_SECTIONS))}: CPU only (2 ranks on one machine's "
               f"cores, glibc's malloc)")
@@ -477,6 +668,11 @@ def main():
     started = time.perf_counter()
     results = {"device": DEVICE, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": mode,
                "bf16_skipped": bf16_skipped}
+
+    def save():  # after each section: a run cut short keeps what it measured
+        results["seconds"] = time.perf_counter() - started
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_shards(Path(tmp))
         peaks = peaks_for(dtypes, settings)
@@ -485,34 +681,49 @@ def main():
             f"this CPU ({torch.get_num_threads()} threads), measured"
         print(f"matmul peak on {where}: "
               + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
-        if "overhead" in sections:
-            print_header("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
-                         OVERHEAD_COLUMNS)
-            results["overhead"] = measure_overhead_and_mfu(data, tmp, settings["overhead"], dtypes,
-                                                           settings.get("overhead_compile", (False,)), repeats, peaks)
-        if "zero" in sections:
-            print_header("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS)
-            results["zero"] = measure_zero_stages(data, tmp, *settings["zero"], dtypes, repeats)
-        if "ckpt" in sections:
-            print_header("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS)
-            model, seq_len, micro_batch, ckpt_dtypes = settings["ckpt"]
-            results["ckpt"] = measure_checkpointing(data, tmp, model, seq_len, micro_batch, only_usable(ckpt_dtypes),
-                                                    repeats)
-        if "allocator" in sections:
-            print_header("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
-                         ALLOCATOR_COLUMNS)
-            results["allocator"] = measure_allocator(tmp, *settings["allocator"], dtypes[-1], repeats)
-        if "compile" in sections:
-            print_header(f"torch.compile (inductor, {DEVICE}): compile time and steady step time", COMPILE_COLUMNS)
-            results["compile"] = measure_compile(data, tmp, *settings["compile"], dtypes, repeats)
-        if "loss" in sections:
-            print_header("fused loss at --micro_batch auto vs the classic loss's best micro-batch (tokens/s)",
-                         LOSS_COLUMNS)
-            results["loss"] = measure_loss(data, tmp, *settings["loss"], dtypes[-1], repeats)
-    results["seconds"] = time.perf_counter() - started
+        save()
+
+        def keywords(section):  # a section's keyword arguments in this mode, the mode's repeats unless it sets its own
+            return {"repeats": repeats, **settings[section]}
+        speed_variants = " and ".join("compiled" if c else "eager" for c in settings["speed"]["compiles"])
+        speed_plain = "compiled " if any(settings["speed"]["compiles"]) else ""
+        fused_kernel = fused_loss(DEVICE, dtypes[-1])[1]
+        # (title, columns, what the section adds to the results), in the order they run
+        runs = {
+            "overhead": ("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
+                         OVERHEAD_COLUMNS, lambda: {"overhead": measure_overhead_and_mfu(
+                             data, tmp, settings["overhead"], dtypes, settings.get("overhead_compile", (False,)),
+                             repeats, peaks)}),
+            "zero": ("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS,
+                     lambda: {"zero": measure_zero_stages(data, tmp, *settings["zero"], dtypes, repeats)}),
+            "ckpt": ("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS,
+                     lambda: {"ckpt": measure_checkpointing(data, tmp, *settings["ckpt"][:3],
+                                                            only_usable(settings["ckpt"][3]), repeats)}),
+            "allocator": ("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
+                          ALLOCATOR_COLUMNS,
+                          lambda: {"allocator": measure_allocator(tmp, *settings["allocator"], dtypes[-1], repeats)}),
+            "compile": (f"torch.compile (inductor, {DEVICE}): compile time and steady step time", COMPILE_COLUMNS,
+                        lambda: {"compile": measure_compile(data, tmp, *settings["compile"], dtypes, repeats)}),
+            "loss": ("the kernel behind --loss fused: each fused kernel and the classic loss at a fixed micro-batch "
+                     "and at --micro_batch auto's, against the classic loss's best micro-batch (tokens/s, peak memory)",
+                     LOSS_COLUMNS, lambda: dict(zip(("loss", "loss_verdict"),
+                                                    measure_loss(data, tmp, dtypes[-1], **keywords("loss"))))),
+            "speed": (f"the trainer's tokens/s and MFU, {speed_variants}, --loss fused ({fused_kernel} here) and "
+                      f"classic, against one plain {speed_plain}PyTorch loop, steps interleaved",
+                      SPEED_COLUMNS,
+                      lambda: {"speed": measure_speed(data, tmp, dtypes[-1], peaks, **keywords("speed"))}),
+            "deterministic": ("--deterministic's cost: median step time of train_ds.py without and with it, fresh "
+                              "processes alternating", DETERMINISTIC_COLUMNS,
+                              lambda: {"deterministic": measure_deterministic(data, tmp, dtypes[-1],
+                                                                              **settings["deterministic"])}),
+        }
+        for section in SECTIONS:
+            if section in sections:
+                title, columns, run = runs[section]
+                print_header(title, columns)
+                results.update(run())
+                save()
     print(f"\n{results['seconds']:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ if part measure; then
 fi
 
 if part bench; then
-  step bench 200 python bench/train.py --only speed deterministic --json "$REPORT/bench.json"
+  step bench 300 python bench/train.py --only speed deterministic --json "$REPORT/bench.json"
   cp "$REPORT/bench.out" "$REPORT/bench.md"
 fi
 

@@ -1,6 +1,8 @@
-"""bench/train.py --smoke runs end to end (the overhead, ZeRO, checkpointing and loss sections once, on the tiny
-model; on a GPU too) and what it measures is consistent: timings are not asserted (machines are noisy),
-byte counts are, and so are which bf16 rows run or are skipped and why."""
+"""bench/train.py --smoke runs end to end (the overhead, ZeRO and checkpointing sections once, on the tiny model;
+the loss, speed and deterministic sections in a run of their own; on a GPU too) and what it measures is
+consistent: timings are not asserted (machines are noisy), byte counts are, and so are which rows run or are
+skipped and why."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,12 +13,13 @@ import torch
 
 from conftest import NO_BF16_UNITS, REPO
 from gpt.hardware import cpu_has_fast_bf16
+from gpt.loss import liger_problem
 
 
-def bench_smoke(tmp_path, env):
-    """(results JSON, stdout) of `bench/train.py --smoke` under these extra environment variables."""
+def bench_smoke(tmp_path, env, *args):
+    """(results JSON, stdout) of `bench/train.py --smoke [args]` under these extra environment variables."""
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "bench/train.py", "--smoke", "--json", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "bench/train.py", "--smoke", *args, "--json", str(out)], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
@@ -52,10 +55,53 @@ def test_bench_smoke_run_measures_every_section(tmp_path, cpu):
     for row in results["zero"]:  # the engine's real model states, per rank, equal the planner's
         assert row["state_bytes_rank0"] == row["state_bytes_rank1"]
         assert 0 <= row["state_bytes_rank0"] - row["planned_bytes"] <= 16, row
-    # the classic loss at micro-batches 1 and 2, then the fused loss at --micro_batch auto's choice (the plan on CPU)
-    assert [(r["loss"], r["micro_batch"], r["grad_accum"]) for r in results["loss"]] == [
-        ("classic", 1, 1), ("classic", 2, 1), ("fused (auto)", 2, 1)]
-    assert all(r["tokens_per_s"] > 0 for r in results["loss"]) and results["loss"][-1]["ratio_to_classic_best"] > 0
+
+
+def assert_loss_section(results, stdout):
+    """Each loss kernel at the fixed micro-batch (1 in --smoke) and at --micro_batch auto's choice (2: the whole
+    step), 2 sequences per step in every row; the classic loss also in its sweep (1, 2); liger skipped with
+    its reason where it cannot run; fused rows against the classic loss's best; the verdict line."""
+    rows, dtype = results["loss"], results["loss"][0]["dtype"]
+    memory = ["peak_alloc_gib", "peak_reserved_gib"] if results["device"] == "cuda" else ["peak_rss_gib"]
+    liger = liger_problem(results["device"], dtype)
+    expected = [("classic", 1, 2, "sweep, fixed"), ("classic", 2, 1, "sweep, auto"), ("chunked", 1, 2, "fixed"),
+                ("chunked", 2, 1, "auto")] + ([] if liger else [("liger", 1, 2, "fixed"), ("liger", 2, 1, "auto")])
+    measured = [r for r in rows if r["tokens_per_s"]]
+    assert [(r["loss"], r["micro_batch"], r["grad_accum"], r["picked_by"]) for r in measured] == expected, rows
+    assert all(r["note"] is None and all(r[key] > 0 for key in memory) for r in measured)
+    assert all((r["ratio_to_classic_best"] is None) == (r["loss"] == "classic") for r in measured)
+    assert all(r["ratio_to_classic_best"] > 0 for r in measured if r["loss"] != "classic")
+    if liger:  # e.g. on CPU: one row that says why
+        assert [(r["loss"], r["note"]) for r in rows if not r["tokens_per_s"]] == [("liger", f"skipped: {liger}")]
+    verdict = results["loss_verdict"]
+    assert verdict["line"] in stdout
+    assert verdict["line"].startswith(f"verdict: the fastest fused kernel is {verdict['fastest']}:")
+    assert verdict["fastest"] in {"chunked", "liger"} and verdict["ratio"] > 0
+    assert verdict["meets_target"] == (verdict["ratio"] >= 1)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_bench_smoke_loss_speed_and_deterministic(tmp_path, device):
+    """Issue 22's sections, eager in --smoke (compiling takes a minute on CPU): the loss kernels
+    (assert_loss_section); the trainer's speed with --loss fused and classic, each against the one plain loop;
+    train_ds.py without and with --deterministic."""
+    results, stdout = bench_smoke(tmp_path, {"DS_ACCELERATOR": device}, "--only", "loss", "speed", "deterministic")
+    assert results["device"] == device and "overhead" not in results
+    assert_loss_section(results, stdout)
+    assert "## the trainer's tokens/s and MFU, eager, --loss fused" in stdout and "## --deterministic's cost" in stdout
+    speed = results["speed"]
+    assert [(r["compiled"], r["loss"], r["plain_compiled"]) for r in speed] == [(False, "fused", False),
+                                                                              (False, "classic", False)]
+    for row in speed:
+        assert row["tokens_per_step"] == 2 * 2 * 64 and row["tokens_per_s"] > 0 and row["plain_tokens_per_s"] > 0
+        assert row["ratio_to_plain"] == pytest.approx(row["tokens_per_s"] / row["plain_tokens_per_s"])
+        if device == "cpu" or row["mfu"] is not None:  # None: a GPU not in gpt.metrics.GPU_PEAK_FLOPS
+            assert row["mfu"] > 0 and row["plain_mfu"] > 0
+    (row,) = results["deterministic"]
+    assert row["note"] is None and row["default_s"] > 0 and row["deterministic_s"] > 0
+    assert row["ratio"] == pytest.approx(row["deterministic_s"] / row["default_s"])
+    assert len(row["default_runs_s"]) == len(row["deterministic_runs_s"]) == row["runs"] == 1
 
 
 @pytest.mark.gpu
@@ -70,3 +116,40 @@ def test_bench_smoke_run_on_cuda(tmp_path):
     for row in results["overhead"]:
         assert row["trainer_s"] > 0 and row["plain_s"] > 0
         assert row["mfu"] is None or 0 < row["mfu"] < 1  # None: a GPU not in gpt.metrics.GPU_PEAK_FLOPS
+
+
+def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):
+    """The loss section's bookkeeping at the GPU's sizes (fixed 64, sweep from 32, 512 sequences per step), with
+    stand-ins for the trainer and --micro_batch auto: the classic sweep ends at its first out-of-memory, a size
+    past it that auto picked is reported out of memory without a run, and the verdict names the fastest fused
+    kernel against the classic loss's best and its memory against the classic loss's at the fixed size."""
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = []
+
+    def throughput(settings, repeats):
+        runs.append((settings.loss, settings.micro_batch, settings.total_batch_tokens))
+        if settings.loss == "classic" and settings.micro_batch >= 64:
+            return dict(tokens_per_s=None, note="out of memory")
+        return dict(tokens_per_s={"classic": 100.0, "chunked": 90.0}[settings.loss] + settings.micro_batch / 16,
+                    peak_rss_gib=settings.micro_batch / 4)
+    monkeypatch.setattr(bench, "trainer_throughput", throughput)
+    monkeypatch.setattr(bench, "auto_micro_batch", lambda settings: {"classic": 128, "chunked": 256}[settings.loss])
+    rows, verdict = bench.measure_loss(tmp_path, tmp_path, "fp32", "d12", 1024, sequences=512, micro_batch=64,
+                                       sweep_from=32, compile=True, repeats=1)
+    assert runs == [("classic", 32, 524288), ("classic", 64, 524288), ("chunked", 64, 524288),
+                    ("chunked", 256, 524288)]
+    assert [(r["loss"], r["micro_batch"], r["grad_accum"], r["picked_by"], r["tokens_per_s"], r["note"])
+            for r in rows] == [
+        ("classic", 32, 16, "sweep", 102.0, None), ("classic", 64, 8, "sweep, fixed", None, "out of memory"),
+        ("classic", 128, 4, "sweep, auto", None, "out of memory (micro-batch 64 was)"),
+        ("chunked", 64, 8, "fixed", 94.0, None), ("chunked", 256, 2, "auto", 106.0, None),
+        ("liger", None, None, None, None, f"skipped: {liger_problem('cpu', 'fp32')}")]
+    assert [r["ratio_to_classic_best"] for r in rows if r["loss"] == "chunked"] == [94 / 102, 106 / 102]
+    assert verdict["fastest"] == "chunked" and verdict["meets_target"] and verdict["keeps_memory_gain"]
+    assert verdict["line"] == (
+        "verdict: the fastest fused kernel is chunked: 106 tokens/s at micro-batch 256, 1.039x the classic loss's "
+        "best (102 at micro-batch 32): meets the target (>= the classic loss's best); peak_rss_gib at micro-batch "
+        "64: chunked 16.00 GiB, the classic loss out of memory (keeps the memory gain)")
+    assert verdict["line"] in capsys.readouterr().out
