@@ -12,6 +12,8 @@ sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
 """
 import torch
 
+from gpt.model import GPT
+
 CHUNK_ROWS = 8192  # rows (tokens) of logits alive at a time: 8192 x 50304 fp32 = 1.6 GB at the peak
 LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in chunks, or whole
 # --loss: `fused` is the fastest fused kernel for the device; `chunked` and `liger` name one (to measure them:
@@ -95,3 +97,12 @@ def fused_loss(device_type, precision, kernel="fused"):
     if kernel == "liger":
         return liger_cross_entropy, "liger-kernel fused linear cross-entropy"
     return chunked_cross_entropy, "chunked PyTorch"
+
+
+def model_with_loss(model_config, loss, device_type, precision):
+    """(a GPT with this --loss, the loss's name for the log); initial weights random."""
+    model = GPT(model_config)
+    if loss == "classic":
+        return model, "full fp32 logits"
+    model.loss_fn, loss_label = fused_loss(device_type, precision, loss)
+    return model, loss_label

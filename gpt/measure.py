@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from gpt import ds_config as dsc
+from gpt.loss import model_with_loss
 from gpt.probe import dividing_sizes, search_largest, try_step, verdict
 
 GiB = 2**30
@@ -174,7 +175,6 @@ def run(args, config, plan_for):
     from gpt import engine as ds_engine
     from gpt import hardware
     from gpt.optim import OptimizerSettings
-    from gpt.trainer import model_with_loss
 
     arch_note = hardware.fix_cuda_arch_list()  # before DeepSpeed JIT-builds FusedAdam, as the trainer does
     if arch_note:

@@ -17,7 +17,7 @@ from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import InteropError, load_hf_weights
-from gpt.loss import fused_loss
+from gpt.loss import model_with_loss
 from gpt.metrics import MetricsLogger, peak_flops, say
 from gpt.model import GPT, GPTConfig
 from gpt.plan import resolve_auto_micro_batch
@@ -140,15 +140,6 @@ def setup(settings):
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
                  device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples,
                  auto_plan=auto_plan)
-
-
-def model_with_loss(model_config, loss, device_type, precision_name):
-    """(a GPT with this --loss, the loss's name for the log); initial weights random."""
-    model = GPT(model_config)
-    if loss == "classic":
-        return model, "full fp32 logits"
-    model.loss_fn, loss_label = fused_loss(device_type, precision_name, loss)
-    return model, loss_label
 
 
 def new_model(setup):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from gpt import loss as losses
 from gpt import trainer
 from gpt.config import parse
 from gpt.model import GPT
@@ -18,7 +19,7 @@ LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forw
 
 def main():
     settings = parse([a for a in sys.argv[1:] if not a.startswith("--local_rank")])  # the launcher adds it
-    limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], trainer.fused_loss
+    limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], losses.fused_loss
 
     def limited_fused_loss(device_type, precision, kernel="fused"):
         loss_fn, label = real_fused_loss(device_type, precision, kernel)
@@ -29,7 +30,7 @@ def main():
             return loss_fn(hidden, weight, targets)
         return limited, label
 
-    trainer.fused_loss = limited_fused_loss
+    losses.fused_loss = limited_fused_loss  # what gpt.loss.model_with_loss calls
     prepared = trainer.setup(settings)
     planned = prepared.settings.micro_batch
     run = trainer.build(trainer.probe(prepared))

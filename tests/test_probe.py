@@ -13,6 +13,7 @@ import torch
 from gpt import engine as ds_engine
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
+from gpt import measure
 from gpt.measure import format_report, measure_row, report_header
 from gpt.probe import dividing_sizes, probe_micro_batch, search_largest
 from conftest import FP32_CONFIG, REPO, TINY, free_port
@@ -113,6 +114,16 @@ def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, pla
     ratio = f"{planned / measured:.2f}" if measured else "-"
     assert table[-1].startswith(f"| zero2_fp32.json | fused | default | {planned} | {measured_cell} | {ratio} | - | - "
                                 f"| {len(tried)} | ")
+
+
+def test_measure_all_takes_the_configs_whose_precision_the_gpu_has(monkeypatch):
+    """--all on a V100 (compute capability 7.0, no bf16 units): the fp16 and fp32 configs; on an H100 (9.0) all."""
+    monkeypatch.chdir(REPO)
+    every = sorted(str(path) for path in (REPO / "ds_configs").glob("*.json"))
+    for capability, expected in (((7, 0), [c for c in every if "bf16" not in c]), ((9, 0), every)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: capability)
+        assert [str(REPO / c) for c in measure.configs_for_gpu()] == expected
+    assert len(every) == 9 and sum("fp16" in c or "fp32" in c for c in every) == 5
 
 
 def test_an_error_other_than_out_of_memory_is_not_taken_for_one(single_rank_group):
