@@ -114,6 +114,12 @@ def single_rank_group():
     dist.destroy_process_group()
 
 
+def plain_shell_env():
+    """The environment of a new shell: without DS_ACCELERATOR=cpu (set above), with the project importable."""
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
 def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **extra):
     """A DeepSpeed JSON derived from one of ds_configs/: another ZeRO stage, precision or extra keys."""
     config = json.loads((REPO / "ds_configs" / base).read_text())

@@ -5,11 +5,14 @@ tests/test_gpu.py."""
 import argparse
 import contextlib
 import json
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
 
+from conftest import REPO, plain_shell_env
 from gpt import cli, hellaswag
 from gpt.data import ValidationSet, find_shards
 from gpt.evaluate import validation_loss
@@ -69,3 +72,16 @@ def test_gpt_sample_auto_is_cpu_without_cuda(trained_checkpoint, monkeypatch, ca
         outputs.append(capsys.readouterr())
     assert outputs[0].out == outputs[1].out and "--- sample 0\nTo be" in outputs[0].out
     assert [o.err.splitlines()[-1] for o in outputs] == ["sampling on cpu in fp32"] * 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without CUDA")
+@pytest.mark.parametrize("command", ["eval", "sample"])
+def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):
+    """As a user runs it (DeepSpeed picking its accelerator, and saying so on stderr): exit 1, nothing on stdout,
+    one error line, checked before any weights are read (the repository stands in for the checkpoint)."""
+    proc = subprocess.run([sys.executable, "-m", "gpt.cli", command, "--checkpoint", str(REPO), "--device", "cuda",
+                           *(["--data", str(REPO), "--json"] if command == "eval" else [])], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=plain_shell_env())
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "error" in line.lower() or "Traceback" in line] == [
+        "error: --device cuda: torch sees no CUDA GPU here; use --device auto or cpu"]

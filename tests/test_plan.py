@@ -10,7 +10,7 @@ import pytest
 import torch
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, plain_shell_env
 from gpt.memory import measure_step_bytes
 from gpt.model import PRESETS, GPTConfig
 from gpt.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, PlanError, make_plan, model_state_bytes,
@@ -190,12 +190,6 @@ def test_several_configs_and_losses_plan_each(capsys):
     code, out, _ = gpt_plan(capsys, "--gpu", "v100-32gb", "--ds_config", "ds_configs/zero2_fp16.json",
                             "ds_configs/zero2_fp16_ckpt.json")
     assert out.count("max micro-batch") == 2 and "v100-32gb, ds_configs/zero2_fp16_ckpt.json: 124M" in out
-
-
-def plain_shell_env():
-    """The environment of a new shell: without conftest's DS_ACCELERATOR=cpu, with the project importable."""
-    env = {k: v for k, v in __import__("os").environ.items() if k != "DS_ACCELERATOR"}
-    return {**env, "PYTHONPATH": str(REPO)}
 
 
 def test_gpt_plan_in_a_plain_shell_prints_only_json_and_measure_needs_a_gpu():
