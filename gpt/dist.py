@@ -5,6 +5,7 @@ import atexit
 import contextlib
 import ctypes
 import datetime
+import functools
 import os
 import socket
 import sys
@@ -20,6 +21,21 @@ import torch.distributed as dist
 with contextlib.redirect_stdout(sys.stderr):
     import deepspeed
 from deepspeed.accelerator import get_accelerator  # noqa: E402
+
+
+def ask_cpuinfo_once():
+    """DeepSpeed's op builder asks py-cpuinfo for the CPU's architecture and SIMD width each time it loads an op
+    (on CPU: FusedAdam and the shared-memory allreduce, both questions each, in every rank), and py-cpuinfo
+    answers each question by starting a Python process: 0.7-1.3 s apiece on 2 cores. Ask once per process."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
+
+
+ask_cpuinfo_once()
 
 
 def launched_rank():
@@ -72,6 +88,7 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
         # Each rank would otherwise start one thread per core: 2 ranks on 2 cores oversubscribe.
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+        atexit.unregister(release_cpu_comm_buffer)  # once, however many runs this process makes (tests, bench)
         atexit.register(release_cpu_comm_buffer)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer

@@ -1,4 +1,5 @@
 """What a run reports: a console line (written whole), TensorBoard scalars and metrics.jsonl, all from rank 0; and MFU."""
+import functools
 import json
 import sys
 import time
@@ -27,11 +28,13 @@ GPU_PEAK_FLOPS = {
 }
 
 
+@functools.cache
 def measure_cpu_peak_flops(dtype, max_size=2048, repeats=4, budget_s=1.0):
     """This CPU's matmul peak in the training dtype, the roofline MFU is measured against: the best
     throughput over square matmuls of doubling sizes (small ones under-use AMX/AVX-512 units). A size is
     skipped once it would cost over budget_s (8x the last): where bf16 is emulated (~1 GFLOP/s, no bf16
-    units) a single 2048 matmul takes 15 s."""
+    units) a single 2048 matmul takes 15 s. Measured once per process and dtype (a process may train many runs:
+    tests, bench)."""
     generator = torch.Generator().manual_seed(0)  # leaves the global RNG, and so training, untouched
     best, size, elapsed = 0.0, 256, 0.0
     while size <= max_size and 8 * elapsed < budget_s:

@@ -1,8 +1,11 @@
 """Shared fixtures: the Shakespeare shards (prepared once per session, also in a small vocabulary for
-bf16/fp16 runs), a trained tiny checkpoint, ten HellaSwag examples (jsonl and llm.c .bin), and a runner for
-real training runs through train_ds.py, under `python` (1 rank) or the deepspeed launcher (2 CPU ranks).
+bf16/fp16 runs), a trained tiny checkpoint, ten HellaSwag examples (jsonl and llm.c .bin), and real training
+runs through train_ds.py: one rank in this process (train(); tests/in_process.py), 2 CPU ranks under the
+deepspeed launcher, every 2-rank run the selected tests declare in one shared launch (two_rank_runs;
+tests/two_rank_runs.py), and other launchers (torchrun, several nodes) as real processes.
 Every test here runs on DeepSpeed's CPU accelerator, also on a machine with a GPU; tests/test_gpu.py holds
-the CUDA tests."""
+the CUDA tests. Markers: slow (launches processes or trains for seconds: the integration tests; `-m "not
+slow"` is the inner loop), two_rank_runs, gpu."""
 import json
 import os
 import struct
@@ -17,6 +20,7 @@ import pytest  # noqa: E402
 
 from gpt.data import find_shards, load_shard, write_shard  # noqa: E402
 from gpt.dist import free_port  # noqa: E402
+from in_process import run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FP32_CONFIG = "ds_configs/zero2_fp32.json"
@@ -93,13 +97,15 @@ def hellaswag_files(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def single_rank_group():
-    """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines: one for the
-    whole session, since DeepSpeed caches the group it first saw (a second one is 'not registered')."""
+def join_single_rank_group():
+    """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines and training
+    runs: one for the whole session, since DeepSpeed caches the group it first saw (a second one is 'not
+    registered'). Joined on first use."""
     import deepspeed
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        return
     env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -110,8 +116,18 @@ def single_rank_group():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    yield
-    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def single_rank_group():
+    join_single_rank_group()
+
+
+def pytest_sessionfinish(session):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def plain_shell_env():
@@ -135,24 +151,122 @@ def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **
 
 
 def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=(), port=None):
-    """Run train_ds.py; return (records from metrics.jsonl, completed process)."""
+    """Run train_ds.py; return (records from metrics.jsonl, completed process). One CPU rank under `python`
+    runs in this process (tests/in_process.py): what a launch costs before the first step (imports, DeepSpeed's op
+    loading) is paid once per session instead of once per run. launcher="subprocess" forces a real process."""
     port = port or free_port()
     launcher = launcher or ("python" if ranks == 1 else "deepspeed")
     script = [str(REPO / "train_ds.py"), "--data", str(data_dir), "--out_dir", str(out_dir), *args, *extra]
-    if launcher == "python":
-        cmd = [sys.executable, *script]
-    elif launcher == "deepspeed":
-        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), *script]
-    else:  # torchrun
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-               "--master_port", str(free_port()), *script]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    if launcher == "python" and os.environ.get("DS_ACCELERATOR") == "cpu":
+        proc = subprocess.CompletedProcess(script, *run_main(script[1:]))
+    else:
+        if launcher in ("python", "subprocess"):
+            cmd = [sys.executable, *script]
+        elif launcher == "deepspeed":
+            cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), *script]
+        else:  # torchrun
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+                   "--master_port", str(free_port()), *script]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert_exit_0(proc)
+    return read_metrics(out_dir), proc
+
+
+def read_metrics(out_dir):
+    """The records of a run's metrics.jsonl; none if it wrote none."""
     metrics = Path(out_dir) / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return records, proc
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+def assert_exit_0(proc):
+    assert proc.returncode == 0, (f"{' '.join(map(str, proc.args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-5000:]}")
+
+
+def two_rank_run(*args, ds_config=None, script="train_ds.py", ranks=2):
+    """A 2-rank run for @pytest.mark.two_rank_runs({name: two_rank_run(...)}): the script's flags but --out_dir,
+    where '{runs}' is the directory that holds every such run's out_dir (a run named NAME writes to {runs}/NAME)
+    and '{FIXTURE}' a session fixture's path (e.g. {shakespeare_dir}). ds_config: write_ds_config's arguments
+    for a derived DeepSpeed JSON, passed last. script: train_ds.py or one of tests/two_rank_runs.py's MAINS.
+    ranks=1: a train_ds.py run on one rank, in the test process before the launch (one that a 2-rank run
+    resumes from)."""
+    return {"args": list(args), "ds_config": ds_config, "script": script, "ranks": ranks}
+
+
+def pytest_collection_modifyitems(items):
+    """A test that reads the shared 2-rank launch is an integration test: slow."""
+    for item in items:
+        if item.get_closest_marker("two_rank_runs"):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def two_rank_launch(request, tmp_path_factory):
+    """Starts the shared 2-rank launch (tests/two_rank_runs.py) when the session starts, in the background:
+    the tests before the first one that reads it run meanwhile. None when no selected test declares a run."""
+    runs = {}
+    for item in request.session.items:
+        for marker in item.iter_markers("two_rank_runs"):
+            runs.update(marker.args[0])
+    if not runs:
+        yield None
+        return
+    root = tmp_path_factory.mktemp("two_rank_runs")
+
+    class Paths(dict):
+        def __missing__(self, fixture):
+            return str(request.getfixturevalue(fixture))
+    paths = Paths(runs=str(root))
+    argvs = {name: ["--out_dir", str(root / name), *(arg.format_map(paths) for arg in run["args"]),
+                    *(["--ds_config", write_ds_config(root / f"{name}.json", **run["ds_config"])] if run["ds_config"]
+                      else [])] for name, run in runs.items()}
+    one_rank = {name: run_main(argv) for name, argv in argvs.items() if runs[name]["ranks"] == 1}
+    (root / "runs.json").write_text(json.dumps({name: [runs[name]["script"], argv] for name, argv in argvs.items()
+                                                if name not in one_rank}))
+    with open(root / "launch.out", "w") as out, open(root / "launch.err", "w") as err:
+        launch = subprocess.Popen(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
+                                   "tests/two_rank_runs.py", str(root / "runs.json")],
+                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=err)
+    try:
+        yield root, argvs, one_rank, launch
+    finally:
+        if launch.poll() is None:  # the session ended (or was interrupted) before a test read the runs
+            launch.kill()
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(two_rank_launch):
+    """{name: (records, completed process)} of every 2-rank run that the selected tests declare with
+    @pytest.mark.two_rank_runs, all in one deepspeed launch (tests/two_rank_runs.py), in the order declared.
+    The process's stdout and stderr are rank 0's then rank 1's; its exit status the first non-zero one."""
+    root, argvs, one_rank, launch = two_rank_launch
+    launch.wait(timeout=1800)
+    results = {}
+    for name, argv in argvs.items():
+        paths = [root / f"{name}.rank{rank}.json" for rank in (0, 1)]
+        if name in one_rank:
+            proc = subprocess.CompletedProcess(argv, *one_rank[name])
+        elif not all(path.exists() for path in paths):  # the launch died before this run
+            proc = subprocess.CompletedProcess(argv, launch.returncode or 1, (root / "launch.out").read_text(),
+                                               (root / "launch.err").read_text())
+        else:
+            ranks = [json.loads(path.read_text()) for path in paths]
+            proc = subprocess.CompletedProcess(argv, next((r["returncode"] for r in ranks if r["returncode"]), 0),
+                                               "".join(r["stdout"] for r in ranks), "".join(r["stderr"] for r in ranks))
+        results[name] = (read_metrics(root / name), proc)
+    return results
+
+
+def out_dir_of(proc):
+    return Path(proc.args[proc.args.index("--out_dir") + 1])
+
+
+def succeeded(run):
+    """(records, proc) of a run from two_rank_runs, which must have exited 0."""
+    assert_exit_0(run[1])
+    return run
 
 
 def train_losses(records):

@@ -1,9 +1,9 @@
-"""Run by tests/test_plan.py under the deepspeed launcher: for each setting named on the command line
-(config:stage:precision), build a real engine, take two steps, and print (as JSON, from each rank) the bytes
-of every tensor the module and the optimizer own, deduplicated by storage, next to the planner's resident
-model states for the same setting. One launch for all settings: a launch costs more than an engine."""
+"""Run by tests/test_plan.py on 2 ranks (in the shared launch of conftest's two_rank_runs): for each setting named
+on the command line (config:stage:precision), build a real engine, take two steps, and write (as JSON, each rank to
+<out_dir>/engine_memory_rank<R>.json) the bytes of every tensor the module and the optimizer own, deduplicated by
+storage, next to the planner's resident model states for the same setting."""
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -40,12 +40,16 @@ def measure(config_path, stage, fp32, device):
     return report
 
 
-def main():
-    settings = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out_dir", type=Path, required=True)
+    parser.add_argument("settings", nargs="+", help="config:stage:precision")
+    args, _ = parser.parse_known_args(argv)  # the launcher adds --local_rank
     device = gpt_dist.setup_distributed(allow_cpu_fp16=True)
-    for setting in settings:
-        config_path, stage, kind = setting.split(":")
-        print("ENGINE_MEMORY " + json.dumps(measure(config_path, int(stage), kind == "fp32", device)), flush=True)
+    reports = [measure(config_path, int(stage), kind == "fp32", device)
+               for config_path, stage, kind in (setting.split(":") for setting in args.settings)]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"engine_memory_rank{gpt_dist.rank()}.json").write_text(json.dumps(reports))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Run by tests/test_probe.py under the deepspeed launcher (2 CPU ranks): the trainer's own setup -> probe ->
-build -> one step with --micro_batch auto, the probe called directly (the trainer probes only on a GPU) and
+"""Run by tests/test_probe.py on 2 CPU ranks (in the shared launch of conftest's two_rank_runs): the trainer's
+own setup -> probe -> build -> one step with --micro_batch auto, the probe called directly (the trainer probes only on a GPU) and
 the fused loss running out of memory above LIMITS[rank] sequences: a GPU allocator's limit, simulated.
 Each rank writes its figures to <out_dir>/probe_rank<N>.json (the ranks' stdout lines can interleave)."""
 import json
@@ -17,8 +17,8 @@ from gpt.model import GPT
 LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forward pass
 
 
-def main():
-    settings = parse([a for a in sys.argv[1:] if not a.startswith("--local_rank")])  # the launcher adds it
+def main(argv=None):
+    settings = parse([a for a in (argv or sys.argv[1:]) if not a.startswith("--local_rank")])  # the launcher adds it
     limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], losses.fused_loss
 
     def limited_fused_loss(device_type, precision, kernel="fused"):
@@ -31,9 +31,12 @@ def main():
         return limited, label
 
     losses.fused_loss = limited_fused_loss  # what gpt.loss.model_with_loss calls
-    prepared = trainer.setup(settings)
-    planned = prepared.settings.micro_batch
-    run = trainer.build(trainer.probe(prepared))
+    try:
+        prepared = trainer.setup(settings)
+        planned = prepared.settings.micro_batch
+        run = trainer.build(trainer.probe(prepared))
+    finally:
+        losses.fused_loss = real_fused_loss  # for the runs after this one in the same process
     torch.manual_seed(settings.seed)
     unprobed_weights = GPT(prepared.model_config).state_dict()
     same_init = all(torch.equal(unprobed_weights[k], v) for k, v in run.model.state_dict().items())

@@ -36,6 +36,7 @@ def plain_pytorch_losses(data_dir):
     return losses, lrs
 
 
+@pytest.mark.slow
 def test_deepspeed_matches_plain_pytorch_adamw(tmp_path, shakespeare_dir):
     config = write_ds_config(tmp_path / "zero0.json", stage=0, precision="fp32")
     records, _ = train(tmp_path / "run", shakespeare_dir, *TINY, "--ds_config", config, "--max_steps", str(STEPS),

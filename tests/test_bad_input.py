@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import train_ds
-from conftest import REPO, free_port
+from conftest import REPO, free_port, out_dir_of, two_rank_run
 from gpt.config import parse, resolve_defaults, validate
 from gpt.data import write_shard
 
@@ -99,6 +99,7 @@ def test_missing_data_dir(run_main, tmp_path):
            f"(make one with: python -m gpt.prepare shakespeare --out_dir {missing})\n")
 
 
+@pytest.mark.slow
 def test_every_problem_is_reported_at_once_with_a_nonzero_exit(tmp_path):
     proc = subprocess.run(
         [sys.executable, "train_ds.py", "--ds_config", "nope.json", "--model", "tiny", "--seq_len", "512",
@@ -245,25 +246,31 @@ def test_bad_training_input_is_one_line_and_exit_2(run_main, tmp_path, flags, ex
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),
-    (["--total_batch_tokens", "768"], "error: --total_batch_tokens 768 is not divisible by micro_batch x seq_len x "
-                                      "world = 4 x 64 x 2 = 512"),
-    (["--ds_config", "ds_configs/zero1_fp16.json"],
-     "error: ds_configs/zero1_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
-     "ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)"),
-    (["--model", "d99"], "error: argument --model: invalid choice: 'd99' (choose from 'd12', 'd24', 'd36', 'd4', "
-                         "'d48', 'tiny')"),
-], ids=["lr", "indivisible", "fp16", "argparse"])
-def test_two_ranks_say_it_once_and_exit_2(shakespeare_dir, tmp_path, flags, expected):
-    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
-                           "--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
-                           "--data", str(shakespeare_dir), "--out_dir", str(tmp_path / "out"), *flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+TWO_RANK_CASES = {
+    "lr": (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),
+    "indivisible": (["--total_batch_tokens", "768"], "error: --total_batch_tokens 768 is not divisible by micro_batch "
+                                                     "x seq_len x world = 4 x 64 x 2 = 512"),
+    "fp16": (["--ds_config", "ds_configs/zero1_fp16.json"],
+             "error: ds_configs/zero1_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+             "ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)"),
+    "argparse": (["--model", "d99"], "error: argument --model: invalid choice: 'd99' (choose from 'd12', 'd24', 'd36', "
+                                     "'d4', 'd48', 'tiny')"),
+}
+
+
+@pytest.mark.two_rank_runs({f"bad_input_{case}": two_rank_run(
+    "--data", "{shakespeare_dir}", "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
+    "--total_batch_tokens", "1024", *flags) for case, (flags, _) in TWO_RANK_CASES.items()})
+@pytest.mark.parametrize("case", TWO_RANK_CASES)
+def test_two_ranks_say_it_once_and_exit_2(two_rank_runs, case):
+    """Exit status 2, said once (by rank 0), nothing written. (The same through the deepspeed launcher, which
+    exits with a failed rank's status: test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir.)"""
+    _, proc = two_rank_runs[f"bad_input_{case}"]
+    expected = TWO_RANK_CASES[case][1]
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2 and output.count(expected) == 1 and "Traceback" not in output, output[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [expected]
-    assert not (tmp_path / "out").exists()
+    assert not out_dir_of(proc).exists()
 
 
 def test_validation_off_needs_no_val_sequence(tmp_path):
@@ -296,6 +303,7 @@ def test_an_out_dir_that_is_a_file(run_main, tmp_path):
         2, f"error: --out_dir {tmp_path / 'out'} is a file, not a directory\n")
 
 
+@pytest.mark.slow
 def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tmp_path):
     """A second corpus beside the first would join its splits; other inputs under the same name would be
     reported 'done' over the old shards. Both refused, nothing written."""
@@ -316,6 +324,7 @@ def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tm
     assert snapshot(data) == before
 
 
+@pytest.mark.slow
 def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_dir, tmp_path):
     """The data-loss case on 2 ranks: said once, exit 2, the earlier run's files untouched."""
     out = tmp_path / "out"

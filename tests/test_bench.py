@@ -41,7 +41,9 @@ def assert_bf16_rows_or_skip(results, stdout, bf16, reason):
     return dtypes
 
 
-@pytest.mark.parametrize("cpu", ["this one", "without bf16 units"])
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu", ["this one", pytest.param("without bf16 units", marks=pytest.mark.skipif(
+    not cpu_has_fast_bf16(), reason="this CPU has no bf16 units: the same run as 'this one'"))])
 def test_bench_smoke_run_measures_every_section(tmp_path, cpu):
     results, stdout = bench_smoke(tmp_path, NO_BF16_UNITS if cpu == "without bf16 units" else {})
     assert results["mode"] == "smoke" and results["device"] == "cpu"
@@ -80,6 +82,7 @@ def assert_loss_section(results, stdout):
     assert verdict["meets_target"] == (verdict["ratio"] >= 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_bench_smoke_loss_speed_and_deterministic(tmp_path, device):
@@ -104,6 +107,7 @@ def test_bench_smoke_loss_speed_and_deterministic(tmp_path, device):
     assert len(row["default_runs_s"]) == len(row["deterministic_runs_s"]) == row["runs"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bench_smoke_run_on_cuda(tmp_path):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import HALF, REPO, TINY, free_port, train, write_ds_config
+from conftest import HALF, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
 from gpt import checkpoint
 
 RESUMABLE = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "3", "--keep_last", "5"]
@@ -25,23 +25,44 @@ CPU_FLAGS = next((line.split() for line in open("/proc/cpuinfo") if line.startsw
 AVX512_BF16_WITHOUT_AMX = "avx512_bf16" in CPU_FLAGS and "amx_bf16" not in CPU_FLAGS
 
 
+def resume_runs(stage, precision, ranks):
+    """The uninterrupted run and its resume from step 2: (name, data fixture, flags) of each. '{runs}': the
+    directory that holds both out_dirs."""
+    # bf16 in a small vocabulary: fast also where bf16 matmuls are emulated
+    data, vocab = ("small_vocab_dir", HALF) if precision == "bf16" else ("shakespeare_dir", [])
+    whole, resumed = f"whole_{stage}_{precision}_{ranks}", f"resumed_{stage}_{precision}_{ranks}"
+    return [(whole, data, [*RESUMABLE, *vocab]),
+            (resumed, data, [*RESUMABLE, *vocab, "--resume", f"{{runs}}/{whole}/checkpoints/step_00000002"])]
+
+
+RESUMES_ON_TWO_RANKS = {name: two_rank_run("--data", f"{{{data}}}", *flags,
+                                           ds_config=dict(stage=stage, precision=precision))
+                        for stage, precision in ((1, "bf16"), (2, "fp32"))
+                        for name, data, flags in resume_runs(stage, precision, 2)}
+
+
+@pytest.mark.two_rank_runs(RESUMES_ON_TWO_RANKS)
 @pytest.mark.parametrize("stage,precision,ranks", [
     (1, "bf16", 2),
     pytest.param(2, "bf16", 1, marks=pytest.mark.xfail(AVX512_BF16_WITHOUT_AMX, strict=False, reason=(
         "bf16 ZeRO-2 resume not bit-exact under load on AVX512-BF16 without AMX (see the comment)"))),
     (1, "fp32", 1), (2, "fp32", 2)])
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, request, stage, precision, ranks):
-    config = write_ds_config(tmp_path / "ds.json", stage=stage, precision=precision)
-    # bf16 in a small vocabulary: fast also where bf16 matmuls are emulated
-    data, vocab = (request.getfixturevalue("small_vocab_dir"), HALF) if precision == "bf16" else (
-        request.getfixturevalue("shakespeare_dir"), [])
-    whole, _ = train(tmp_path / "whole", data, *RESUMABLE, *vocab, "--ds_config", config, ranks=ranks)
-    resumed, proc = train(tmp_path / "resumed", data, *RESUMABLE, *vocab, "--ds_config", config, ranks=ranks,
-                          extra=["--resume", str(tmp_path / "whole" / "checkpoints" / "step_00000002")])
+    (whole_name, data, flags), (resumed_name, _, resumed_flags) = resume_runs(stage, precision, ranks)
+    if ranks == 2:  # both in the session's shared 2-rank launch
+        runs = request.getfixturevalue("two_rank_runs")
+        (whole, _), (resumed, proc) = succeeded(runs[whole_name]), succeeded(runs[resumed_name])
+    else:
+        config = write_ds_config(tmp_path / "ds.json", stage=stage, precision=precision)
+        data = request.getfixturevalue(data)
+        whole, _ = train(tmp_path / whole_name, data, *flags, "--ds_config", config)
+        resumed, proc = train(tmp_path / resumed_name, data, *(f.format(runs=tmp_path) for f in resumed_flags),
+                              "--ds_config", config)
     assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
     assert step_records(resumed) == step_records(whole)[3:]  # exact equality, not a tolerance
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, shakespeare_dir):
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
            "--save_every", "0", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
@@ -91,6 +112,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, s
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(tmp_path, shakespeare_dir, capsys):
     """A file removed from inside a complete step (DeepSpeed: AssertionError) and a truncated one: --resume
     auto, gpt-export and gpt-sample take the step before, saying so once; an explicit damaged path and an
@@ -136,12 +158,23 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
     assert checkpoint.damage(ckpt / "step_00000005") is None and (ckpt / "step_00000005.damaged" / model.name).exists()
 
 
+WORLD_SIZE_CHANGE = [*TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--lr", "3e-3"]
+
+
+@pytest.mark.two_rank_runs({f"saved_by_{saved}_rank": two_rank_run(
+    "--data", "{shakespeare_dir}", *WORLD_SIZE_CHANGE, "--save_every", "2", ranks=saved) for saved in (1, 2)} | {
+    "resumed_on_2_ranks": two_rank_run("--data", "{shakespeare_dir}", *WORLD_SIZE_CHANGE, "--resume",
+                                       "{runs}/saved_by_1_rank/checkpoints/step_00000001")})
 @pytest.mark.parametrize("saved_ranks,resumed_ranks", [(2, 1), (1, 2)])
-def test_a_different_world_size_restarts_from_the_weights(tmp_path, shakespeare_dir, saved_ranks, resumed_ranks):
-    args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--lr", "3e-3"]
-    saved, _ = train(tmp_path / "a", shakespeare_dir, *args, "--save_every", "2", ranks=saved_ranks)
-    records, proc = train(tmp_path / "b", shakespeare_dir, *args, "--resume",
-                          str(tmp_path / "a" / "checkpoints" / "step_00000001"), ranks=resumed_ranks)
+def test_a_different_world_size_restarts_from_the_weights(tmp_path, shakespeare_dir, two_rank_runs, saved_ranks,
+                                                         resumed_ranks):
+    """Saved on 2 ranks, resumed on 1 here; saved on 1 rank, resumed on 2: both in the shared 2-rank launch."""
+    saved, saved_proc = succeeded(two_rank_runs[f"saved_by_{saved_ranks}_rank"])
+    if resumed_ranks == 1:
+        records, proc = train(tmp_path / "b", shakespeare_dir, *WORLD_SIZE_CHANGE, "--resume",
+                              str(out_dir_of(saved_proc) / "checkpoints" / "step_00000001"))
+    else:
+        records, proc = succeeded(two_rank_runs["resumed_on_2_ranks"])
     assert f"WEIGHTS ONLY: saved by {saved_ranks} rank(s), now {resumed_ranks}" in proc.stdout
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [2, 3]
@@ -188,6 +221,7 @@ def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, small_vocab_dir
     assert "bf16" in message and "hysteresis" in message and "initial_scale_power" in message
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, shakespeare_dir):
     """`kill PID` of the `deepspeed` command (DeepSpeed 0.19's runner forwards no signal on one node): the
     ranks notice their launcher is gone (gpt/stop.py), finish the step, save and exit; nothing is left

@@ -74,6 +74,7 @@ def test_gpt_sample_auto_is_cpu_without_cuda(trained_checkpoint, monkeypatch, ca
     assert [o.err.splitlines()[-1] for o in outputs] == ["sampling on cpu in fp32"] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without CUDA")
 @pytest.mark.parametrize("command", ["eval", "sample"])
 def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):

@@ -9,6 +9,7 @@ import torch
 from conftest import REPO
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it is the acceptance run itself")
 def test_gpu_check_without_a_gpu_says_so_and_exits_1(tmp_path):
     proc = subprocess.run(["bash", "launch/gpu_check.sh", str(tmp_path / "report")], cwd=REPO, capture_output=True,

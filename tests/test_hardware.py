@@ -52,12 +52,14 @@ def cpu_config_choice(env):
     return proc.stdout.strip(), proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_cpu_without_bf16_units_gets_the_fp32_config():
     config, reason = cpu_config_choice(NO_BF16_UNITS)
     assert config == "ds_configs/zero2_fp32.json"
     assert "no bf16 units, bf16 would be emulated" in reason
 
 
+@pytest.mark.slow
 def test_the_cpu_choice_follows_the_measured_bf16_speed():
     config, reason = cpu_config_choice({})
     fast = hardware.cpu_has_fast_bf16()
@@ -65,6 +67,7 @@ def test_the_cpu_choice_follows_the_measured_bf16_speed():
     assert ("bf16 units present" in reason) == fast
 
 
+@pytest.mark.slow
 def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(tmp_path, small_vocab_dir, monkeypatch):
     for key, value in NO_BF16_UNITS.items():
         monkeypatch.setenv(key, value)
@@ -111,6 +114,7 @@ def test_a_short_trial_run_just_works_and_an_explicit_warmup_beyond_it_is_an_err
     assert proc.stderr.strip().splitlines()[-1] == "error: --warmup_steps 9 must lie in [0, --max_steps 8]"
 
 
+@pytest.mark.slow
 def test_deterministic_mode_runs_validation_and_sampling_and_changes_nothing_on_cpu(tmp_path, shakespeare_dir):
     args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--val_every", "2", "--val_tokens", "512",
             "--sample_every", "2", "--sample_tokens", "8"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, TINY, train, write_ds_config
+from conftest import REPO, TINY, succeeded, train, two_rank_run, write_ds_config
 from gpt import hellaswag
 from gpt.model import GPT, PRESETS
 
@@ -77,18 +77,26 @@ def scores(records):
     return [(r["step"], r["hellaswag/acc"], r["hellaswag/acc_norm"]) for r in records if "hellaswag/acc" in r]
 
 
-def test_in_training_two_ranks_equal_one_and_compile_equals_eager(tmp_path, shakespeare_dir, hellaswag_files):
-    # lr ~0 keeps every run at the same (seeded) weights, whatever the world size or compilation
-    config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
-    args = [*TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--lr", "1e-12", "--ds_config", config,
-            "--hellaswag", str(hellaswag_files / "hellaswag_val.bin"), "--eval_every", "1"]
+# lr ~0 keeps every run at the same (seeded) weights, whatever the world size or compilation
+IN_TRAINING = [*TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--lr", "1e-12", "--hellaswag",
+               "{hellaswag_files}/hellaswag_val.bin", "--eval_every", "1"]
+FP32_ZERO1 = dict(stage=1, precision="fp32")
+
+
+@pytest.mark.two_rank_runs({"hellaswag_in_training": two_rank_run("--data", "{shakespeare_dir}", *IN_TRAINING,
+                                                                  ds_config=FP32_ZERO1)})
+def test_in_training_two_ranks_equal_one_and_compile_equals_eager(tmp_path, shakespeare_dir, hellaswag_files,
+                                                                  two_rank_runs):
+    config = write_ds_config(tmp_path / "fp32.json", **FP32_ZERO1)
+    args = [arg.format(hellaswag_files=hellaswag_files) for arg in IN_TRAINING] + ["--ds_config", config]
     one, proc = train(tmp_path / "one", shakespeare_dir, *args)
-    two, _ = train(tmp_path / "two", shakespeare_dir, *args, ranks=2)
+    two, _ = succeeded(two_rank_runs["hellaswag_in_training"])
     compiled, _ = train(tmp_path / "compiled", shakespeare_dir, *args, "--compile")
     assert len(scores(one)) == 2 and scores(one) == scores(two) == scores(compiled)
     assert "hellaswag acc_norm" in proc.stdout and "(10 examples)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag_files):
     train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
     checkpoint = str(tmp_path / "run" / "checkpoints")

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, TINY, train, train_losses, write_ds_config
 
 STORED = Path(__file__).parent / "data" / "loss_curve_tiny_fp32.json"
@@ -26,6 +28,7 @@ def loss_curve(tmp_path, data_dir):
     return train_losses(records)
 
 
+@pytest.mark.slow
 def test_loss_curve_matches_the_stored_one(tmp_path, shakespeare_dir):
     stored = json.loads(STORED.read_text())
     assert stored["args"] == ARGS, "the run's settings changed: regenerate with --update"

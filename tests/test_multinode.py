@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TINY, free_port, train
+from conftest import REPO, TINY, free_port, succeeded, two_rank_run
 from gpt import checkpoint
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
@@ -48,10 +48,14 @@ def network():
 
 
 @pytest.fixture(scope="module")
-def one_node(shakespeare_dir, tmp_path_factory):
-    """{step: loss} of the same run on one node with 2 ranks."""
-    records, _ = train(tmp_path_factory.mktemp("one_node"), shakespeare_dir, *ARGS, ranks=2)
+def one_node(two_rank_runs):
+    """{step: loss} of the same run on one node with 2 ranks (in the session's shared 2-rank launch)."""
+    records, _ = succeeded(two_rank_runs["one_node"])
     return losses(records)
+
+
+# every test here compares with one_node's run
+pytestmark = pytest.mark.two_rank_runs({"one_node": two_rank_run("--data", "{shakespeare_dir}", *ARGS)})
 
 
 def losses(records):

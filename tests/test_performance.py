@@ -4,14 +4,19 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO, TINY, train
+import pytest
+
+from conftest import REPO, TINY, out_dir_of, succeeded, two_rank_run
 from gpt import dist
 
 
-def test_profile_writes_a_trace_per_rank_for_tensorboard(tmp_path, shakespeare_dir):
-    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "1024", "--profile", "2", ranks=2)
+@pytest.mark.two_rank_runs({"profile": two_rank_run("--data", "{shakespeare_dir}", *TINY, "--max_steps", "4",
+                                                     "--total_batch_tokens", "1024", "--profile", "2")})
+def test_profile_writes_a_trace_per_rank_for_tensorboard(two_rank_runs):
+    _, proc = succeeded(two_rank_runs["profile"])
+    out_dir = out_dir_of(proc)
     for rank in (0, 1):
-        (trace,) = (tmp_path / "profile").glob(f"rank{rank}.*.pt.trace.json")
+        (trace,) = (out_dir / "profile").glob(f"rank{rank}.*.pt.trace.json")
         events = json.loads(trace.read_text())["traceEvents"]
         names = {e.get("name") for e in events}
         # step 0 skipped, step 1 warm-up, steps 2 and 3 recorded
@@ -32,6 +37,7 @@ print(rss() - before)
 """
 
 
+@pytest.mark.slow
 def test_cpu_allocator_keeps_freed_blocks_for_the_next_step():
     def resident_after_free(keep):
         code = RESIDENT_AFTER_FREE.format(keep=keep)

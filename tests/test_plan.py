@@ -2,7 +2,6 @@
 2-rank engine holds; activations measured at unseen sizes match the fitted prediction; the search
 behaves; bad input is a clear error."""
 import json
-import re
 import subprocess
 import sys
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from conftest import REPO, free_port, plain_shell_env
+from conftest import REPO, out_dir_of, plain_shell_env, succeeded, two_rank_run
 from gpt.memory import measure_step_bytes
 from gpt.model import PRESETS, GPTConfig
 from gpt.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, PlanError, make_plan, model_state_bytes,
@@ -42,13 +41,13 @@ ENGINE_SETTINGS = ["zero1_bf16.json:0:fp32", "zero1_bf16.json:1:fp32", "zero1_bf
                    "zero2_bf16.json:2:bf16", "zero1_fp16.json:1:fp16"]
 
 
-def test_resident_model_states_equal_what_a_two_rank_engine_holds():
-    """ZeRO 0/1/2 in fp32, bf16 (BF16_Optimizer and ZeRO-2) and fp16, on 2 ranks, one launch for all."""
-    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "tests/engine_memory.py",
-                           *(f"ds_configs/{setting}" for setting in ENGINE_SETTINGS)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
-    # the two ranks print concurrently, so their lines may interleave: find the JSON objects, not lines
-    reports = [json.loads(found) for found in re.findall(r"ENGINE_MEMORY (\{[^}]*\})", proc.stdout)]
+@pytest.mark.two_rank_runs({"engine_memory": two_rank_run(*(f"ds_configs/{setting}" for setting in ENGINE_SETTINGS),
+                                                           script="tests/engine_memory.py")})
+def test_resident_model_states_equal_what_a_two_rank_engine_holds(two_rank_runs):
+    """ZeRO 0/1/2 in fp32, bf16 (BF16_Optimizer and ZeRO-2) and fp16, on 2 ranks (tests/engine_memory.py)."""
+    _, proc = succeeded(two_rank_runs["engine_memory"])
+    reports = [report for rank in (0, 1)
+               for report in json.loads((out_dir_of(proc) / f"engine_memory_rank{rank}.json").read_text())]
     assert sorted(r["setting"] for r in reports) == sorted(f"ds_configs/{s}" for s in 2 * ENGINE_SETTINGS), \
         proc.stdout[-2000:] + proc.stderr[-3000:]
     assert {r["optimizer"] for r in reports} >= {"BF16_Optimizer", "DeepSpeedZeroOptimizer"}
@@ -60,6 +59,7 @@ def test_resident_model_states_equal_what_a_two_rank_engine_holds():
 UNSEEN = GPTConfig(n_layer=3, n_head=3, n_embd=192, block_size=40, vocab_size=2000)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("loss", ["classic", "fused"])
@@ -192,6 +192,7 @@ def test_several_configs_and_losses_plan_each(capsys):
     assert out.count("max micro-batch") == 2 and "v100-32gb, ds_configs/zero2_fp16_ckpt.json: 124M" in out
 
 
+@pytest.mark.slow
 def test_gpt_plan_in_a_plain_shell_prints_only_json_and_measure_needs_a_gpu():
     """As a user runs it: DeepSpeed picks its accelerator itself and may log; stdout holds nothing but the
     JSON. Without a GPU, --measure is one line and exit 1."""
@@ -219,6 +220,7 @@ def batch_report():
     return module
 
 
+@pytest.mark.slow
 def test_readme_table_and_chart_are_what_the_report_gives(tmp_path):
     report = batch_report()
     table = list(report.rows())

@@ -100,6 +100,7 @@ def run_prepare(*args, env=None):
                           env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_offline_hub_is_a_clear_error(tmp_path):
     proc = run_prepare("hub", "HuggingFaceFW/fineweb-edu", "--hub_config", "sample-10BT", "--out_dir", str(tmp_path),
                        env={"HF_HUB_OFFLINE": "1"})
@@ -109,6 +110,7 @@ def test_offline_hub_is_a_clear_error(tmp_path):
         "elsewhere and prepare the files with: python -m gpt.prepare files PATH")
 
 
+@pytest.mark.slow
 def test_bad_file_inputs_are_clear_errors(tmp_path):
     proc = run_prepare("files", str(tmp_path / "*.jsonl"), "--out_dir", str(tmp_path / "out"))
     assert (proc.returncode, proc.stderr.strip()) == (1, f"error: no files match {tmp_path / '*.jsonl'}")

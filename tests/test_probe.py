@@ -4,7 +4,6 @@ killed instead of raising it."""
 import gc
 import json
 import math
-import subprocess
 import weakref
 
 import pytest
@@ -16,7 +15,7 @@ from gpt.optim import OptimizerSettings
 from gpt import measure
 from gpt.measure import format_report, measure_row, report_header
 from gpt.probe import dividing_sizes, probe_micro_batch, search_largest
-from conftest import FP32_CONFIG, REPO, TINY, free_port
+from conftest import FP32_CONFIG, REPO, TINY, out_dir_of, succeeded, two_rank_run
 
 SEQ_LEN, VOCAB = 16, 128
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=SEQ_LEN, vocab_size=VOCAB)
@@ -132,16 +131,14 @@ def test_an_error_other_than_out_of_memory_is_not_taken_for_one(single_rank_grou
                           log=lambda line: None)
 
 
-def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(shakespeare_dir, tmp_path):
+@pytest.mark.two_rank_runs({"probe": two_rank_run(
+    *TINY, "--micro_batch", "auto", "--seq_len", "32", "--total_batch_tokens", "2048", "--max_steps", "2", "--data",
+    "{shakespeare_dir}", script="tests/probe_ranks.py")})
+def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(two_rank_runs):
     """Rank 1 runs out above 6 sequences, rank 0 above 12: both take 4 (of 1, 2, 4, ... 32), the trainer's
     grad_accum and run follow, and the initial weights are those of a run without a probe."""
-    out = subprocess.run(
-        ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "tests/probe_ranks.py", *TINY,
-         "--micro_batch", "auto", "--seq_len", "32", "--total_batch_tokens", "2048", "--max_steps", "2",
-         "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"probe_rank{rank}.json").read_text()) for rank in (0, 1)]
+    _, out = succeeded(two_rank_runs["probe"])
+    ranks = [json.loads((out_dir_of(out) / f"probe_rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:
         assert rank["planned"] == 32 and rank["micro_batch"] == 4 and rank["engine_micro_batch"] == 4
         assert rank["grad_accum"] == 2048 // (4 * 32 * 2) and rank["same_init"]

@@ -8,7 +8,7 @@ import pytest
 
 from pathlib import Path
 
-from conftest import HALF, SMALL_VOCAB, TINY, free_port, train, train_losses, write_ds_config
+from conftest import HALF, SMALL_VOCAB, TINY, free_port, succeeded, train, train_losses, two_rank_run, write_ds_config
 from gpt.model import PADDED_VOCAB_SIZE
 from gpt.optim import lr_at
 
@@ -21,28 +21,35 @@ def assert_close(a, b, rel=1e-5):
         assert abs(x - y) <= rel * abs(y), (a, b)
 
 
-@pytest.mark.parametrize("config", ["zero1_bf16.json", "zero2_bf16.json", "zero1_fp16.json", "zero2_fp16.json",
-                                    "zero2_fp32.json"])
-def test_loss_falls_on_shakespeare_with_two_ranks(tmp_path, request, config):
-    # bf16/fp16 in a 512-token vocabulary: fast also where half-precision matmuls are emulated
-    half = "fp32" not in config
-    data, vocab = (request.getfixturevalue("small_vocab_dir"), SMALL_VOCAB) if half else (
-        request.getfixturevalue("shakespeare_dir"), PADDED_VOCAB_SIZE)
-    records, proc = train(tmp_path, data, *TINY, *(HALF if half else []), "--ds_config", f"ds_configs/{config}",
-                       "--cpu_fp16", "--max_steps", "25", "--lr", "3e-3", "--total_batch_tokens", "1024", ranks=2)
+HALF_PRECISION_CONFIGS = ["zero1_bf16.json", "zero2_bf16.json", "zero1_fp16.json", "zero2_fp16.json"]
+# bf16/fp16 in a 512-token vocabulary: fast also where half-precision matmuls are emulated
+LOSS_FALLS = {f"loss_falls_{config}": two_rank_run(
+    "--data", "{small_vocab_dir}" if config in HALF_PRECISION_CONFIGS else "{shakespeare_dir}", *TINY,
+    *(HALF if config in HALF_PRECISION_CONFIGS else []), "--ds_config", f"ds_configs/{config}", "--cpu_fp16",
+    "--max_steps", "25", "--lr", "3e-3", "--total_batch_tokens", "1024")
+    for config in [*HALF_PRECISION_CONFIGS, "zero2_fp32.json"]}
+
+
+@pytest.mark.two_rank_runs(LOSS_FALLS)
+@pytest.mark.parametrize("config", [*HALF_PRECISION_CONFIGS, "zero2_fp32.json"])
+def test_loss_falls_on_shakespeare_with_two_ranks(two_rank_runs, config):
+    records, proc = succeeded(two_rank_runs[f"loss_falls_{config}"])
     losses = train_losses(records)
     assert len(losses) == 25
+    vocab = SMALL_VOCAB if config in HALF_PRECISION_CONFIGS else PADDED_VOCAB_SIZE
     assert losses[0] > math.log(vocab) - 0.3  # a uniform guess at initialisation
     assert sum(losses[-5:]) / 5 < losses[0] - 1.5
     assert "CPU Virtual Memory" not in proc.stdout  # BF16_Optimizer's start-up memory dumps are silenced
 
 
-def test_zero_stages_0_1_2_give_the_same_losses(tmp_path, shakespeare_dir):
-    losses = {}
-    for stage in (0, 1, 2):
-        config = write_ds_config(tmp_path / f"zero{stage}.json", stage=stage, precision="fp32")
-        records, _ = train(tmp_path / f"run{stage}", shakespeare_dir, *TINY, *FP32_STEPS, "--ds_config", config, ranks=2)
-        losses[stage] = train_losses(records)
+ZERO_STAGES = {f"zero_stage_{stage}": two_rank_run("--data", "{shakespeare_dir}", *TINY, *FP32_STEPS,
+                                                   ds_config=dict(stage=stage, precision="fp32"))
+               for stage in (0, 1, 2)}
+
+
+@pytest.mark.two_rank_runs(ZERO_STAGES)
+def test_zero_stages_0_1_2_give_the_same_losses(two_rank_runs):
+    losses = {stage: train_losses(succeeded(two_rank_runs[f"zero_stage_{stage}"])[0]) for stage in (0, 1, 2)}
     assert_close(losses[1], losses[0])
     assert_close(losses[2], losses[0])
 
@@ -57,12 +64,14 @@ def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, shakespear
     assert_close(losses[0], losses[1])
 
 
-def test_activation_checkpointing_leaves_losses_unchanged(tmp_path, small_vocab_dir):
-    losses = []
-    for config in ("zero2_bf16.json", "zero2_bf16_ckpt.json"):
-        records, proc = train(tmp_path / config, small_vocab_dir, *TINY, *HALF, *FP32_STEPS,
-                              "--ds_config", f"ds_configs/{config}", ranks=2)
-        losses.append(train_losses(records))
+CHECKPOINTING = {f"checkpointing_{config}": two_rank_run("--data", "{small_vocab_dir}", *TINY, *HALF, *FP32_STEPS,
+                                                          "--ds_config", f"ds_configs/{config}")
+                 for config in ("zero2_bf16.json", "zero2_bf16_ckpt.json")}
+
+
+@pytest.mark.two_rank_runs(CHECKPOINTING)
+def test_activation_checkpointing_leaves_losses_unchanged(two_rank_runs):
+    losses = [train_losses(succeeded(run)[0]) for run in map(two_rank_runs.get, CHECKPOINTING)]
     assert losses[0] == losses[1]
 
 
@@ -82,6 +91,7 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, small_
     assert "skipped_steps 1" in proc.stdout
 
 
+@pytest.mark.slow
 def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
     port = free_port()
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "1024",
@@ -94,6 +104,7 @@ def test_torchrun_launch_with_two_ranks(tmp_path, shakespeare_dir):
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
+@pytest.mark.slow
 def test_micro_batch_auto_asks_the_planner(tmp_path, shakespeare_dir):
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--micro_batch", "auto", "--max_steps", "2",
                           "--total_batch_tokens", "4096")
@@ -102,6 +113,7 @@ def test_micro_batch_auto_asks_the_planner(tmp_path, shakespeare_dir):
     assert "1 rank(s) x micro_batch 64 x seq_len 64 x grad_accum 1" in proc.stdout
 
 
+@pytest.mark.slow
 def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir):
     config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
     args = [*TINY, *FP32_STEPS, "--max_steps", "2", "--ds_config", config, "--val_every", "1",
@@ -114,6 +126,7 @@ def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakes
     assert list((tmp_path / "compiled").glob("events.out.tfevents.*"))  # TensorBoard
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["files", "hub", "npy"])
 def test_training_runs_on_shards_from_each_source(tmp_path, shakespeare_dir, source):
     from gpt.data import find_shards, load_shard
