@@ -39,9 +39,10 @@ NO_BF16_UNITS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory):
+    from gpt.prepare import main as prepare_main
+
     out = tmp_path_factory.mktemp("shakespeare")
-    subprocess.run([sys.executable, "-m", "gpt.prepare", "shakespeare", "--out_dir", str(out)],
-                   cwd=REPO, check=True)
+    prepare_main(["shakespeare", "--out_dir", str(out)])  # in this process: the command line is test_prepare's
     return out
 
 
@@ -104,6 +105,7 @@ def join_single_rank_group():
     import deepspeed
     import torch.distributed as dist
 
+    os.environ["LOCAL_RANK"] = "0"  # DeepSpeed's engine reads it (a run in this process puts its environment back)
     if dist.is_initialized():
         return
     env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -111,7 +113,7 @@ def join_single_rank_group():
     os.environ.update(env)
     deepspeed.init_distributed(dist_backend="gloo")
     for key, value in saved.items():  # only for joining: runs started later must not inherit RANK and the port
-        if key != "LOCAL_RANK":  # DeepSpeed's engine reads it
+        if key != "LOCAL_RANK":
             if value is None:
                 os.environ.pop(key, None)
             else:
@@ -158,6 +160,7 @@ def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=()
     launcher = launcher or ("python" if ranks == 1 else "deepspeed")
     script = [str(REPO / "train_ds.py"), "--data", str(data_dir), "--out_dir", str(out_dir), *args, *extra]
     if launcher == "python" and os.environ.get("DS_ACCELERATOR") == "cpu":
+        join_single_rank_group()
         proc = subprocess.CompletedProcess(script, *run_main(script[1:]))
     else:
         if launcher in ("python", "subprocess"):
@@ -196,10 +199,12 @@ def two_rank_run(*args, ds_config=None, script="train_ds.py", ranks=2):
 
 
 def pytest_collection_modifyitems(items):
-    """A test that reads the shared 2-rank launch is an integration test: slow."""
+    """A test that reads the shared 2-rank launch is an integration test (slow), and runs last: the launch
+    starts with the session and works through its runs while the other tests run."""
     for item in items:
         if item.get_closest_marker("two_rank_runs"):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("two_rank_runs") is not None)  # stable: order kept
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -222,6 +227,7 @@ def two_rank_launch(request, tmp_path_factory):
     argvs = {name: ["--out_dir", str(root / name), *(arg.format_map(paths) for arg in run["args"]),
                     *(["--ds_config", write_ds_config(root / f"{name}.json", **run["ds_config"])] if run["ds_config"]
                       else [])] for name, run in runs.items()}
+    join_single_rank_group()
     one_rank = {name: run_main(argv) for name, argv in argvs.items() if runs[name]["ranks"] == 1}
     (root / "runs.json").write_text(json.dumps({name: [runs[name]["script"], argv] for name, argv in argvs.items()
                                                 if name not in one_rank}))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, TINY, succeeded, train, two_rank_run, write_ds_config
-from gpt import hellaswag
+from gpt import cli, hellaswag
 from gpt.model import GPT, PRESETS
 
 
@@ -97,14 +97,14 @@ def test_in_training_two_ranks_equal_one_and_compile_equals_eager(tmp_path, shak
 
 
 @pytest.mark.slow
-def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag_files):
+def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag_files, capsys):
+    """gpt-eval in this process (its plain-shell run: tests/test_eval_device.py), gpt-sample as two processes
+    that must sample the same text."""
     train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
     checkpoint = str(tmp_path / "run" / "checkpoints")
-    proc = subprocess.run([sys.executable, "-m", "gpt.cli", "eval", "--checkpoint", checkpoint,
-                           "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "2048",
-                           "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"],
-                          cwd=REPO, capture_output=True, text=True, check=True)
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    cli.evaluate_main(["--checkpoint", checkpoint, "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens",
+                       "2048", "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"])
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 9 < results["val_loss"] < 11 and results["hellaswag_examples"] == 10
     assert results["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     assert 0 <= results["hellaswag_acc_norm"] <= 1 and results["hellaswag_examples_per_s"] > 0
