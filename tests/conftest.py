@@ -154,8 +154,8 @@ def write_ds_config(path, base="zero1_bf16.json", stage=None, precision=None, **
 
 def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=(), port=None):
     """Run train_ds.py; return (records from metrics.jsonl, completed process). One CPU rank under `python`
-    runs in this process (tests/in_process.py): what a launch costs before the first step (imports, DeepSpeed's op
-    loading) is paid once per session instead of once per run. launcher="subprocess" forces a real process."""
+    runs in this process (tests/in_process.py): what a launch costs before the first step (imports, DeepSpeed's
+    op loading) is paid once per session instead of once per run. launcher="subprocess" forces a process."""
     port = port or free_port()
     launcher = launcher or ("python" if ranks == 1 else "deepspeed")
     script = [str(REPO / "train_ds.py"), "--data", str(data_dir), "--out_dir", str(out_dir), *args, *extra]
@@ -184,8 +184,8 @@ def read_metrics(out_dir):
 
 
 def assert_exit_0(proc):
-    assert proc.returncode == 0, (f"{' '.join(map(str, proc.args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                                  f"{proc.stderr[-5000:]}")
+    assert proc.returncode == 0, (f"{' '.join(map(str, proc.args))} failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
 
 
 def two_rank_run(*args, ds_config=None, script="train_ds.py", ranks=2):

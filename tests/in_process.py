@@ -1,7 +1,7 @@
 """train_ds.py's main() (or a test script's) inside a running process, as `python train_ds.py ARGV` would run
 it: conftest's train() runs one-rank runs in the test process this way, and tests/two_rank_runs.py runs many
-2-rank runs in one launch. A launch costs seconds before its first step (importing torch and DeepSpeed, loading its
-ops, torch._dynamo's import when the optimizer is built); a tiny run in a warm process, a fraction."""
+2-rank runs in one launch. A launch costs seconds before its first step (importing torch and DeepSpeed,
+loading its ops, torch._dynamo's import when the optimizer is built); a tiny run in a warm process, a fraction."""
 import contextlib
 import gc
 import io
@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_main(argv, main=train_ds.main):
-    """(exit status, stdout, stderr) of main(argv), train_ds.py's by default: SystemExit's code, or 1 and the traceback on
-    stderr for an uncaught exception; stderr holds DeepSpeed's logger too. The process group is the one this
+    """(exit status, stdout, stderr) of main(argv), train_ds.py's by default: SystemExit's code, or 1 and the
+    traceback on stderr for an uncaught exception; stderr holds DeepSpeed's logger too. The process group is the one this
     process has joined (a run joins one if there is none). What a run changes in the process is put back:
     the environment, the working directory (the repository during the run, as the tests launch it), signal
     handlers, torch's thread count and deterministic mode, the CPU accelerator's fp16 switch (--cpu_fp16).
@@ -44,10 +44,12 @@ def run_main(argv, main=train_ds.main):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main(argv)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if not isinstance(e.code, (int, type(None))):
+            except SystemExit as e:  # as the interpreter exits: an int is the status, a message is printed, status 1
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:
                     print(e.code, file=sys.stderr)
+                    code = 1
             except Exception:  # as an uncaught exception ends a process: status 1, the traceback on stderr
                 traceback.print_exc()
                 code = 1

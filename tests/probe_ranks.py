@@ -1,6 +1,7 @@
 """Run by tests/test_probe.py on 2 CPU ranks (in the shared launch of conftest's two_rank_runs): the trainer's
-own setup -> probe -> build -> one step with --micro_batch auto, the probe called directly (the trainer probes only on a GPU) and
-the fused loss running out of memory above LIMITS[rank] sequences: a GPU allocator's limit, simulated.
+own setup -> probe -> build -> one step with --micro_batch auto, the probe called directly (the trainer probes
+only on a GPU) and the fused loss running out of memory above LIMITS[rank] sequences: a GPU allocator's limit,
+simulated.
 Each rank writes its figures to <out_dir>/probe_rank<N>.json (the ranks' stdout lines can interleave)."""
 import json
 import os
@@ -18,7 +19,8 @@ LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forw
 
 
 def main(argv=None):
-    settings = parse([a for a in (argv or sys.argv[1:]) if not a.startswith("--local_rank")])  # the launcher adds it
+    argv = argv or sys.argv[1:]
+    settings = parse([a for a in argv if not a.startswith("--local_rank")])  # the launcher adds it
     limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], losses.fused_loss
 
     def limited_fused_loss(device_type, precision, kernel="fused"):
