@@ -57,11 +57,17 @@ class StopRequest:
     def _handle(self, signum, frame):
         self.requested = signal.Signals(signum).name
 
-    def agreed(self, device):
-        """Whether any rank was asked to stop (a collective: every rank calls it once per step)."""
+    def check_launchers(self):
         if not self.requested:
             dead = next((p for p in self.launchers if gone(p)), None)
             if dead is not None:
                 self.requested = f"its launcher exiting (pid {dead.pid})"
+
+    def agreed(self, device):
+        """Whether any rank was asked to stop (a collective: every rank calls it once per step)."""
+        self.check_launchers()
         flag = torch.tensor(float(bool(self.requested)), device=device)
-        return dist.mean_over_ranks(flag).item() > 0
+        stopping = dist.mean_over_ranks(flag).item() > 0
+        if stopping:  # a shared launcher may have gone just after this rank looked: say so, not 'another rank'
+            self.check_launchers()
+        return stopping

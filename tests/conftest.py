@@ -2,18 +2,23 @@
 bf16/fp16 runs), a trained tiny checkpoint, ten HellaSwag examples (jsonl and llm.c .bin), and real training
 runs through train_ds.py: one rank in this process (train(); tests/in_process.py), 2 CPU ranks under the
 deepspeed launcher, every 2-rank run the selected tests declare in one shared launch (two_rank_runs;
-tests/two_rank_runs.py), and other launchers (torchrun, several nodes) as real processes.
+tests/two_rank_runs.py), other launchers (torchrun, several nodes) as real processes, and commands that need
+no test's hand (the bench, torchrun) in a background lane once that launch ends (background_runs). Tests that
+read the launch or the lane run last. OMP_WAIT_POLICY=PASSIVE: with a launch or the lane beside the tests, 2
+cores run more threads than they have, and OpenMP threads that spin while waiting took ~20% more CPU time.
 Every test here runs on DeepSpeed's CPU accelerator, also on a machine with a GPU; tests/test_gpu.py holds
 the CUDA tests. Markers: slow (launches processes or trains for seconds: the integration tests; `-m "not
-slow"` is the inner loop), two_rank_runs, gpu."""
+slow"` is the inner loop), two_rank_runs, background_runs, gpu."""
 import json
 import os
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported; runs started from here inherit it
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP; see above
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -163,18 +168,21 @@ def train(out_dir, data_dir, *args, ranks=1, launcher=None, check=True, extra=()
         join_single_rank_group()
         proc = subprocess.CompletedProcess(script, *run_main(script[1:]))
     else:
-        if launcher in ("python", "subprocess"):
-            cmd = [sys.executable, *script]
-        elif launcher == "deepspeed":
-            cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), *script]
-        else:  # torchrun
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                   "--master_port", str(free_port()), *script]
+        cmd = [*launcher_argv(launcher, ranks, port), *script]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     if check:
         assert_exit_0(proc)
     return read_metrics(out_dir), proc
+
+
+def launcher_argv(launcher, ranks=1, port=None):
+    """The command line before the script's for `python` ("python", "subprocess"), deepspeed or torchrun."""
+    if launcher in ("python", "subprocess"):
+        return [sys.executable]
+    if launcher == "deepspeed":
+        return ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(port)]
 
 
 def read_metrics(out_dir):
@@ -198,13 +206,36 @@ def two_rank_run(*args, ds_config=None, script="train_ds.py", ranks=2):
     return {"args": list(args), "ds_config": ds_config, "script": script, "ranks": ranks}
 
 
+def background_run(*argv, env=None):
+    """A command for @pytest.mark.background_runs({name: background_run(...)}): argv run from the repository
+    root with these extra environment variables, where '{out}' is a directory of its own, '{port}' a free port
+    and '{FIXTURE}' a session fixture's path (e.g. {shakespeare_dir})."""
+    return {"argv": list(argv), "env": env or {}}
+
+
+class FixturePaths(dict):
+    """str.format_map's mapping for '{FIXTURE}' in a command: the session fixture's path, set up on first use."""
+
+    def __init__(self, request, **paths):
+        super().__init__(paths)
+        self.request = request
+
+    def __missing__(self, fixture):
+        return str(self.request.getfixturevalue(fixture))
+
+
+def readers(item):
+    """0 for a test that reads no background work, 1 for one that reads background_runs, 2 for two_rank_runs."""
+    return 2 if item.get_closest_marker("two_rank_runs") else 1 if item.get_closest_marker("background_runs") else 0
+
+
 def pytest_collection_modifyitems(items):
-    """A test that reads the shared 2-rank launch is an integration test (slow), and runs last: the launch
-    starts with the session and works through its runs while the other tests run."""
+    """A test that reads background work (the shared 2-rank launch, background_runs) is an integration test
+    (slow), and runs last: that work starts with the session and goes on while the other tests run."""
     for item in items:
-        if item.get_closest_marker("two_rank_runs"):
+        if readers(item):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("two_rank_runs") is not None)  # stable: order kept
+    items.sort(key=readers)  # stable: order kept
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -219,11 +250,7 @@ def two_rank_launch(request, tmp_path_factory):
         yield None
         return
     root = tmp_path_factory.mktemp("two_rank_runs")
-
-    class Paths(dict):
-        def __missing__(self, fixture):
-            return str(request.getfixturevalue(fixture))
-    paths = Paths(runs=str(root))
+    paths = FixturePaths(request, runs=str(root))
     argvs = {name: ["--out_dir", str(root / name), *(arg.format_map(paths) for arg in run["args"]),
                     *(["--ds_config", write_ds_config(root / f"{name}.json", **run["ds_config"])] if run["ds_config"]
                       else [])] for name, run in runs.items()}
@@ -263,6 +290,64 @@ def two_rank_runs(two_rank_launch):
                                                "".join(r["stdout"] for r in ranks), "".join(r["stderr"] for r in ranks))
         results[name] = (read_metrics(root / name), proc)
     return results
+
+
+class BackgroundRuns(threading.Thread):
+    """The commands that the selected tests declare with @pytest.mark.background_runs, one after another
+    once the shared 2-rank launch has ended: a second lane of work beside the tests that run in this process."""
+
+    def __init__(self, runs, root, launch, fixtures):
+        super().__init__(daemon=True)
+        self.runs, self.root, self.launch = runs, root, launch
+        self.results, self.current, self.stopped = {}, None, False
+        # the fixtures' paths now, in the main thread (fixtures are not thread-safe); {out} and {port} later
+        self.argvs = {name: [arg.format_map(fixtures) for arg in run["argv"]] for name, run in runs.items()}
+
+    def run(self):
+        if self.launch is not None:
+            self.launch.wait()
+        for name, run in self.runs.items():
+            out = self.root / name
+            out.mkdir()
+            port = free_port()
+            argv = [arg.format(out=out, port=port) for arg in self.argvs[name]]
+            with open(out / "stdout", "w+") as stdout, open(out / "stderr", "w+") as stderr:
+                if self.stopped:
+                    return
+                env = {**os.environ, "PYTHONPATH": str(REPO), **run["env"]}
+                self.current = subprocess.Popen(argv, cwd=REPO, env=env, stdout=stdout, stderr=stderr)
+                code = self.current.wait()
+                stdout.seek(0), stderr.seek(0)
+                self.results[name] = subprocess.CompletedProcess(argv, code, stdout.read(), stderr.read())
+
+    def stop(self):
+        self.stopped = True
+        if self.current is not None and self.current.poll() is None:
+            self.current.kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_lane(request, tmp_path_factory, two_rank_launch):
+    """Starts the background_runs of the selected tests when the session starts; None if they declare none."""
+    runs = {name: run for item in request.session.items for marker in item.iter_markers("background_runs")
+            for name, run in marker.args[0].items()}
+    if not runs:
+        yield None
+        return
+    lane = BackgroundRuns(runs, tmp_path_factory.mktemp("background_runs"), two_rank_launch and two_rank_launch[3],
+                          FixturePaths(request, out="{out}", port="{port}"))
+    lane.start()
+    try:
+        yield lane
+    finally:
+        lane.stop()
+
+
+@pytest.fixture(scope="session")
+def background_runs(background_lane):
+    """{name: completed process} of every background_run the selected tests declare."""
+    background_lane.join(timeout=1800)
+    return background_lane.results
 
 
 def out_dir_of(proc):

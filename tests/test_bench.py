@@ -7,22 +7,31 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import NO_BF16_UNITS, REPO
+from conftest import NO_BF16_UNITS, REPO, background_run
 from gpt.hardware import cpu_has_fast_bf16
 from gpt.loss import liger_problem
 
 
+def bench_smoke_command(*args):
+    return [sys.executable, "bench/train.py", "--smoke", *args, "--json", "{out}/bench.json"]
+
+
 def bench_smoke(tmp_path, env, *args):
     """(results JSON, stdout) of `bench/train.py --smoke [args]` under these extra environment variables."""
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "bench/train.py", "--smoke", *args, "--json", str(out)], cwd=REPO,
+    proc = subprocess.run([arg.format(out=tmp_path) for arg in bench_smoke_command(*args)], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, **env})
+    return bench_results(proc)
+
+
+def bench_results(proc):
+    """(results JSON, stdout) of a bench_smoke_command that ran (here or in background_runs)."""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text()), proc.stdout
+    return json.loads(Path(proc.args[-1]).read_text()), proc.stdout
 
 
 def assert_bf16_rows_or_skip(results, stdout, bf16, reason):
@@ -41,11 +50,16 @@ def assert_bf16_rows_or_skip(results, stdout, bf16, reason):
     return dtypes
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cpu", ["this one", pytest.param("without bf16 units", marks=pytest.mark.skipif(
-    not cpu_has_fast_bf16(), reason="this CPU has no bf16 units: the same run as 'this one'"))])
-def test_bench_smoke_run_measures_every_section(tmp_path, cpu):
-    results, stdout = bench_smoke(tmp_path, NO_BF16_UNITS if cpu == "without bf16 units" else {})
+# the CPU runs go on in the background while other tests run (conftest.background_runs)
+@pytest.mark.parametrize("cpu", [
+    pytest.param("this one", marks=pytest.mark.background_runs({"bench_smoke": background_run(*bench_smoke_command())})),
+    pytest.param("without bf16 units", marks=[
+        pytest.mark.skipif(not cpu_has_fast_bf16(), reason="this CPU has no bf16 units: the same run as 'this one'"),
+        pytest.mark.background_runs({"bench_smoke_no_bf16_units": background_run(*bench_smoke_command(),
+                                                                                  env=NO_BF16_UNITS)})])])
+def test_bench_smoke_run_measures_every_section(background_runs, cpu):
+    results, stdout = bench_results(background_runs["bench_smoke_no_bf16_units" if cpu == "without bf16 units"
+                                                    else "bench_smoke"])
     assert results["mode"] == "smoke" and results["device"] == "cpu"
     # where bf16 matmuls are emulated (AVX2-only) a bf16 row would measure the emulation: skipped, saying why
     bf16 = cpu == "this one" and cpu_has_fast_bf16()
@@ -82,14 +96,23 @@ def assert_loss_section(results, stdout):
     assert verdict["meets_target"] == (verdict["ratio"] >= 1)
 
 
+ISSUE_22_SECTIONS = ("--only", "loss", "speed", "deterministic")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
-def test_bench_smoke_loss_speed_and_deterministic(tmp_path, device):
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.background_runs({
+        "bench_smoke_issue_22": background_run(*bench_smoke_command(*ISSUE_22_SECTIONS))})),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                    reason="needs CUDA")])])
+def test_bench_smoke_loss_speed_and_deterministic(request, tmp_path, device):
     """Issue 22's sections, eager in --smoke (compiling takes a minute on CPU): the loss kernels
     (assert_loss_section); the trainer's speed with --loss fused and classic, each against the one plain loop;
-    train_ds.py without and with --deterministic."""
-    results, stdout = bench_smoke(tmp_path, {"DS_ACCELERATOR": device}, "--only", "loss", "speed", "deterministic")
+    train_ds.py without and with --deterministic. On CPU in the background (conftest.background_runs)."""
+    if device == "cpu":
+        results, stdout = bench_results(request.getfixturevalue("background_runs")["bench_smoke_issue_22"])
+    else:  # conftest pins the CPU accelerator
+        results, stdout = bench_smoke(tmp_path, {"DS_ACCELERATOR": device}, *ISSUE_22_SECTIONS)
     assert results["device"] == device and "overhead" not in results
     assert_loss_section(results, stdout)
     assert "## the trainer's tokens/s and MFU, eager, --loss fused" in stdout and "## --deterministic's cost" in stdout

@@ -7,10 +7,26 @@ import sys
 
 import pytest
 
-from conftest import HALF, NO_BF16_UNITS, REPO, TINY, train, train_losses
-from gpt import hardware
+from conftest import HALF, NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
+from gpt import dist, hardware
 from gpt.config import GPT3_WARMUP_STEPS, parse, resolve_defaults
 
+
+@pytest.mark.skipif(dist.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
+def test_deepspeed_builds_its_cpu_ops_with_the_flags_py_cpuinfo_would_give(monkeypatch):
+    """gpt.dist answers py-cpuinfo's get_cpu_info from /proc/cpuinfo: DeepSpeed's op builder must pick the same
+    -march and SIMD width as with py-cpuinfo's own answer, or it would rebuild its ops with other flags."""
+    import cpuinfo
+    from deepspeed.ops.op_builder.cpu import FusedAdamBuilder
+    builder, fast = FusedAdamBuilder(), dist.cpu_info_from_proc()
+    assert cpuinfo.get_cpu_info() == fast  # what DeepSpeed gets in a gpt process
+
+    def decisions():  # DeepSpeedCPUAdam also reads the vendor (a warning for fp16 on AMD)
+        return builder.cpu_arch(), builder.simd_width(), cpuinfo.get_cpu_info()["vendor_id_raw"]
+    answered_fast = decisions()
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", cpuinfo.cpuinfo.get_cpu_info)  # py-cpuinfo's own, a process
+    assert decisions() == answered_fast
+    assert answered_fast[1] in ("-D__AVX512__", "-D__AVX256__")
 
 @pytest.mark.parametrize("value,expected", [
     ("9.0a", "9.0"),  # NVIDIA's PyTorch containers on Hopper
@@ -67,12 +83,13 @@ def test_the_cpu_choice_follows_the_measured_bf16_speed():
     assert ("bf16 units present" in reason) == fast
 
 
-@pytest.mark.slow
-def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(tmp_path, small_vocab_dir, monkeypatch):
-    for key, value in NO_BF16_UNITS.items():
-        monkeypatch.setenv(key, value)
-    _, proc = train(tmp_path, small_vocab_dir, *TINY, *HALF, "--ds_config", "ds_configs/zero1_bf16.json",
-                    "--max_steps", "2", "--total_batch_tokens", "512", ranks=2)
+@pytest.mark.background_runs({"bf16_without_bf16_units": background_run(
+    *launcher_argv("deepspeed", 2, "{port}"), "train_ds.py", "--data", "{small_vocab_dir}", "--out_dir", "{out}", *TINY,
+    *HALF, "--ds_config", "ds_configs/zero1_bf16.json", "--max_steps", "2", "--total_batch_tokens", "512",
+    env=NO_BF16_UNITS)})
+def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(background_runs):
+    proc = background_runs["bf16_without_bf16_units"]
+    assert_exit_0(proc)
     warnings = [line for line in proc.stderr.splitlines() if "no bf16 units" in line]
     assert len(warnings) == 1, proc.stderr[-3000:]
     assert warnings[0].startswith("warning: this CPU has no bf16 units: bf16 matmuls run ")

@@ -15,7 +15,7 @@ from gpt.optim import OptimizerSettings
 from gpt import measure
 from gpt.measure import format_report, measure_row, report_header
 from gpt.probe import dividing_sizes, probe_micro_batch, search_largest
-from conftest import FP32_CONFIG, REPO, TINY, out_dir_of, succeeded, two_rank_run
+from conftest import FP32_CONFIG, HALF, REPO, TINY, out_dir_of, succeeded, two_rank_run
 
 SEQ_LEN, VOCAB = 16, 128
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=SEQ_LEN, vocab_size=VOCAB)
@@ -132,8 +132,8 @@ def test_an_error_other_than_out_of_memory_is_not_taken_for_one(single_rank_grou
 
 
 @pytest.mark.two_rank_runs({"probe": two_rank_run(
-    *TINY, "--micro_batch", "auto", "--seq_len", "32", "--total_batch_tokens", "2048", "--max_steps", "2", "--data",
-    "{shakespeare_dir}", script="tests/probe_ranks.py")})
+    *TINY, *HALF, "--micro_batch", "auto", "--seq_len", "32", "--total_batch_tokens", "2048", "--max_steps", "2",
+    "--data", "{small_vocab_dir}", script="tests/probe_ranks.py")})
 def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(two_rank_runs):
     """Rank 1 runs out above 6 sequences, rank 0 above 12: both take 4 (of 1, 2, 4, ... 32), the trainer's
     grad_accum and run follow, and the initial weights are those of a run without a probe."""

@@ -3,10 +3,11 @@ tests read, one after another in the same two rank processes, each as `python SC
 (tests/in_process.py); SCRIPT is train_ds.py, or tests/probe_ranks.py or tests/engine_memory.py. One launch
 instead of one per run: a launch costs ~10 s before its first step.
 Usage: two_rank_runs.py RUNS_JSON, a {name: [script, argv]} object; each rank writes NAME.rank<R>.json beside it
-with its exit status, stdout and stderr."""
+with its exit status, stdout, stderr and seconds."""
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import engine_memory
@@ -22,9 +23,10 @@ def main():
     runs_path = Path(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))  # the launcher adds it
     rank = int(os.environ["RANK"])
     for name, (script, argv) in json.loads(runs_path.read_text()).items():
+        started = time.perf_counter()
         code, stdout, stderr = run_main(argv, MAINS[script])
-        (runs_path.parent / f"{name}.rank{rank}.json").write_text(
-            json.dumps({"returncode": code, "stdout": stdout, "stderr": stderr}))
+        (runs_path.parent / f"{name}.rank{rank}.json").write_text(json.dumps(
+            {"returncode": code, "stdout": stdout, "stderr": stderr, "seconds": time.perf_counter() - started}))
 
 
 if __name__ == "__main__":
