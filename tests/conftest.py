@@ -307,13 +307,13 @@ class BackgroundRuns(threading.Thread):
         if self.launch is not None:
             self.launch.wait()
         for name, run in self.runs.items():
+            if self.stopped:
+                return
             out = self.root / name
             out.mkdir()
             port = free_port()
             argv = [arg.format(out=out, port=port) for arg in self.argvs[name]]
             with open(out / "stdout", "w+") as stdout, open(out / "stderr", "w+") as stderr:
-                if self.stopped:
-                    return
                 env = {**os.environ, "PYTHONPATH": str(REPO), **run["env"]}
                 self.current = subprocess.Popen(argv, cwd=REPO, env=env, stdout=stdout, stderr=stderr)
                 code = self.current.wait()

@@ -28,6 +28,7 @@ def test_deepspeed_builds_its_cpu_ops_with_the_flags_py_cpuinfo_would_give(monke
     assert decisions() == answered_fast
     assert answered_fast[1] in ("-D__AVX512__", "-D__AVX256__")
 
+
 @pytest.mark.parametrize("value,expected", [
     ("9.0a", "9.0"),  # NVIDIA's PyTorch containers on Hopper
     ("10.0a", "10.0"),
