@@ -5,6 +5,7 @@ Derived values (model shape, gradient accumulation) are computed here, once, bef
 or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
 """
 import argparse
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -203,6 +204,9 @@ NUMBER_RANGES = [("seq_len", 1, True), ("total_batch_tokens", 1, True), ("max_st
                  ("sample_tokens", 1, True), ("collective_timeout", 0, False), ("profile", 0, True)]
 
 
+MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600
+
+
 def number_problems(settings):
     """Every numeric flag finite and in range, and the model's shape positive: one line each. (A NaN
     learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
@@ -214,6 +218,9 @@ def number_problems(settings):
         problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
     if not 0 <= settings.seed < 2**63:  # numpy's and torch's generators take no negative seed
         problems.append(f"--seed {settings.seed} must lie in [0, 2**63)")
+    if math.isfinite(settings.collective_timeout) and settings.collective_timeout > MAX_COLLECTIVE_TIMEOUT:
+        problems.append(f"--collective_timeout {settings.collective_timeout:g} must be at most "
+                        f"{MAX_COLLECTIVE_TIMEOUT} seconds (a week)")  # far beyond: timedelta overflows
     if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
         problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
     for name in ("n_layer", "n_embd", "n_head"):

@@ -1,10 +1,15 @@
-"""The DeepSpeed JSON: loading it, what it selects (precision, ZeRO stage, activation checkpointing), the
-DeepSpeed 0.19 combinations that cannot run, and the copy filled with what the run decides."""
+"""The DeepSpeed JSON: loading it, what it selects (precision, ZeRO stage, activation checkpointing), its
+check before launch (DeepSpeed's own parser, and what DeepSpeed 0.19 accepts but this trainer cannot run),
+and the copy filled with what the run decides."""
 import copy
 import difflib
 import json
 import math
+import typing
+from collections import Counter
 from pathlib import Path
+
+import pydantic
 
 # Top-level keys DeepSpeed 0.19 reads (its runtime constants, and the sections with a parser of their own);
 # DeepSpeed itself ignores any other key silently, so a misspelled `zero_optimisation` would run ZeRO 0.
@@ -12,22 +17,77 @@ DEEPSPEED_SECTIONS = {"zero_optimization", "activation_checkpointing", "flops_pr
                       "csv_monitor", "comet", "comms_logger", "compile", "aio", "checkpoint", "elasticity",
                       "autotuning", "nebula", "amp", "compression_training", "data_efficiency",
                       "curriculum_learning", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                      "train_batch_size", "optimizer", "scheduler", "fp16", "bf16", "data_types",
-                      "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer"}
+                      "train_batch_size", "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "data_types",
+                      "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+                      "torch_autocast"}
+# Blocks that must be JSON objects: DeepSpeed unpacks them with ** or .keys() (a traceback otherwise).
+SECTIONS = ("zero_optimization", "optimizer", "fp16", "bf16", "bfloat16", "data_types", "activation_checkpointing",
+            "torch_autocast", "checkpoint", "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor",
+            "comet", "compile", "aio", "autotuning", "data_efficiency")
+# Top-level values DeepSpeed 0.19 reads by hand (get_scalar_param) and uses unchecked.
+BOOLEAN_SETTINGS = {"wall_clock_breakdown", "memory_breakdown", "zero_allow_untested_optimizer",
+                    "zero_force_ds_cpu_optimizer", "prescale_gradients", "disable_allgather", "dump_state",
+                    "disable_python_gc", "dataloader_drop_last", "managed_gradient_accumulation",
+                    "use_data_before_expert_parallelism"}
+NUMBER_SETTINGS = {  # key: (the check, what it wants)
+    "steps_per_print": (lambda v: v is None or _whole(v, 1), "a whole number >= 1 or null"),  # 0: ZeroDivisionError
+    "gradient_clipping": (lambda v: _finite(v, 0), "a finite number >= 0 (0: off)"),
+    "gradient_predivide_factor": (lambda v: _finite(v, 0, low_open=True), "a finite number > 0"),
+}
+DATA_TYPES = ("grad_accum_dtype", "param_dtype", "buffer_dtype", "keep_in_fp32_modules")
+DTYPES = ("fp32", "bf16", "fp16")  # what data_types may name (DeepSpeed also takes int8, which trains nothing)
 # What the trainer decides from its flags; in the JSON it would be silently overwritten, so it is refused.
 RUN_DECIDES = {"train_batch_size": "--total_batch_tokens and --seq_len",
                "train_micro_batch_size_per_gpu": "--micro_batch",
                "gradient_accumulation_steps": "--total_batch_tokens, --micro_batch, --seq_len and the world size",
                "scheduler": "--lr, --warmup_steps, --max_steps and --min_lr_ratio: the GPT-3 schedule"}
 OPTIMIZERS = ("AdamW", "Adam")  # what this trainer's schedule and parameter groups are made for
+OPTIMIZER_KEYS = ("type", "params", "legacy_fusion")
+# The parameters DeepSpeed 0.19 passes on to its FusedAdam or (torch_adam) torch's Adam/AdamW, and their checks.
+ADAM_PARAMS = {
+    "betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(_finite(b, 0, 1, high_open=True) for b in v),
+              "two numbers in [0, 1)"),
+    "eps": (lambda v: _finite(v, 0, low_open=True), "a small positive number"),
+    "amsgrad": (lambda v: isinstance(v, bool), "true or false"),
+    "adam_w_mode": (lambda v: isinstance(v, bool), "true or false"),
+    "torch_adam": (lambda v: isinstance(v, bool), "true or false"),
+    "bias_correction": (lambda v: isinstance(v, bool), "true or false"),
+}
 
 
 class DeepSpeedConfigError(ValueError):
     """A DeepSpeed JSON that cannot be used; the message names the file and the problem."""
 
 
+class _JSONObject(dict):
+    """A JSON object that remembers the keys it held more than once (json keeps the last one silently)."""
+
+    def __init__(self, pairs):
+        super().__init__(pairs)
+        self.repeated = [key for key, count in Counter(key for key, _ in pairs).items() if count > 1]
+
+
+def _repeated_keys(value, prefix=""):
+    """Every repeated key in a parsed JSON value, dotted from the top; the value back with plain dicts."""
+    if isinstance(value, list):
+        found, items = [], []
+        for i, item in enumerate(value):
+            item_found, item = _repeated_keys(item, f"{prefix}[{i}]")
+            found += item_found
+            items.append(item)
+        return found, items
+    if not isinstance(value, dict):
+        return [], value
+    found, plain = [f"{prefix}{key}" for key in getattr(value, "repeated", [])], {}
+    for key, item in value.items():
+        item_found, plain[key] = _repeated_keys(item, f"{prefix}{key}.")
+        found += item_found
+    return found, plain
+
+
 def load(path):
-    """The DeepSpeed JSON as a dict, or a one-line reason why not."""
+    """The DeepSpeed JSON as a dict, or a one-line reason why not (repeated keys included: DeepSpeed would
+    take the last one without a word)."""
     if not str(path).strip():
         raise DeepSpeedConfigError("--ds_config is empty: name a DeepSpeed JSON file")
     path = Path(path)
@@ -35,12 +95,21 @@ def load(path):
         raise DeepSpeedConfigError(f"{path}: a directory, not a DeepSpeed JSON file")
     if not path.is_file():
         raise DeepSpeedConfigError(f"{path}: DeepSpeed config not found")
+    data = path.read_bytes()
     try:
-        config = json.loads(path.read_text())
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DeepSpeedConfigError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        config = json.loads(text, object_pairs_hook=_JSONObject)
     except json.JSONDecodeError as e:
         raise DeepSpeedConfigError(f"{path}: invalid JSON ({e})") from None
     if not isinstance(config, dict):
         raise DeepSpeedConfigError(f"{path}: expected a JSON object")
+    repeated, config = _repeated_keys(config)
+    if repeated:
+        raise DeepSpeedConfigError("\n".join(f"{path}: duplicate key '{key}' (JSON would keep the last one "
+                                              f"silently)" for key in repeated))
     return config
 
 
@@ -53,10 +122,33 @@ def load_checked(path):
     return config
 
 
+def bf16_section(ds_config):
+    """The bf16 block as DeepSpeed 0.19 reads it (get_bfloat16_config): `bf16`, or its older name `bfloat16`
+    when `bf16` is absent or null."""
+    section = ds_config.get("bf16")
+    return ds_config.get("bfloat16", {}) if section is None else section
+
+
 def precision(ds_config):
-    """'bf16', 'fp16' or 'fp32' as the DeepSpeed config selects."""
-    enabled = [k for k in ("bf16", "fp16") if ds_config.get(k, {}).get("enabled", False)]
-    return enabled[0] if enabled else "fp32"
+    """'bf16', 'fp16' or 'fp32' as DeepSpeed will train: the one place that reads the precision blocks."""
+    if (ds_config.get("fp16") or {}).get("enabled", False):
+        return "fp16"
+    return "bf16" if (bf16_section(ds_config) or {}).get("enabled", False) else "fp32"
+
+
+def dtype_name(value):
+    """DeepSpeed's canonical name ('fp32', 'fp16', 'bf16', 'int8') for one of the dtype spellings its
+    data_types accept ('float32', 'torch.float32', 'float', ...); None for None; the value itself when unknown."""
+    from deepspeed.runtime.config import DtypeEnum
+    try:
+        return DtypeEnum(value).name if value is not None else None
+    except (ValueError, TypeError):
+        return value
+
+
+def grad_accum_dtype(ds_config):
+    """data_types.grad_accum_dtype as a canonical name (dtype_name), None when unset: the training precision."""
+    return dtype_name((ds_config.get("data_types") or {}).get("grad_accum_dtype"))
 
 
 def zero_stage(ds_config):
@@ -75,80 +167,252 @@ def known_keys():
     return DEEPSPEED_SECTIONS | {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)}
 
 
-def _finite(value, low, high=math.inf, high_open=False):
+def _unknown_key(path, key, known):
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
+    return f"{path}: unknown key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else " (DeepSpeed would ignore it)")
+
+
+def _finite(value, low, high=math.inf, high_open=False, low_open=False):
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and low <= value and (value < high if high_open else value <= high))
+            and (low < value if low_open else low <= value) and (value < high if high_open else value <= high))
 
 
-def value_problems(ds_config, path):
-    """Keys and values DeepSpeed 0.19 would take without complaint and then misbehave on: unknown keys,
-    a ZeRO stage other than 0/1/2, another optimizer, non-finite or out-of-range numbers."""
+def _whole(value, low):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def structure_problems(ds_config, path):
+    """What must hold before DeepSpeed's own parser can be asked: known top-level keys, sections that are
+    JSON objects, none of the keys the trainer decides, and a ZeRO stage this trainer runs."""
     found = []
     known = known_keys()
-    for key in ds_config:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            found.append(f"{path}: unknown key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else
-                                                           " (DeepSpeed would ignore it)"))
-    for section in ("zero_optimization", "optimizer", "fp16", "bf16", "data_types", "activation_checkpointing"):
+    found += [_unknown_key(path, key, known) for key in ds_config if key not in known]
+    for section in SECTIONS:
         if section in ds_config and not isinstance(ds_config[section], dict):
             found.append(f"{path}: '{section}' must be a JSON object, got {json.dumps(ds_config[section])}")
     for key, flags in RUN_DECIDES.items():
         if key in ds_config:
             found.append(f"{path}: '{key}' is decided by the trainer (from {flags}): remove it from the JSON")
-    if found:
-        return found
-    for section in ("fp16", "bf16"):
-        enabled = ds_config.get(section, {}).get("enabled", False)
+    if "bf16" in ds_config and "bfloat16" in ds_config:
+        found.append(f"{path}: both 'bf16' and 'bfloat16' (its older name): keep 'bf16' (DeepSpeed would read "
+                     f"only that one)")
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0) if not found else 0
+    if stage not in (0, 1, 2) or isinstance(stage, bool):  # stricter than DeepSpeed's 0-3, and said our way
+        found.append(f"{path}: zero_optimization.stage {json.dumps(stage)} is not supported: use 0, 1 or 2 "
+                     f"(ZeRO-3 partitions the parameters themselves, which this trainer does not handle)")
+    return found
+
+
+def hand_parsed_problems(ds_config, path):
+    """Types of what DeepSpeed 0.19 reads by hand (get_scalar_param) and uses unchecked, where a wrong type
+    fails at the first step or silently: top-level switches and numbers, activation_checkpointing, data_types."""
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+    found = []
+    for key in sorted(BOOLEAN_SETTINGS & ds_config.keys()):
+        if not isinstance(ds_config[key], bool):
+            found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be true or false")
+    for section in ("fp16", "bf16", "bfloat16", "torch_autocast"):  # read by precision(): JSON's true or false only
+        enabled = ds_config.get(section, {}).get("enabled", False)  # (DeepSpeed's pydantic also takes "yes", 1, ...)
         if not isinstance(enabled, bool):
             found.append(f"{path}: {section}.enabled {json.dumps(enabled)} must be true or false")
-    offloaded = [k for k in ("offload_optimizer", "offload_param") if k in ds_config.get("zero_optimization", {})]
+    for key, (check, wanted) in NUMBER_SETTINGS.items():
+        if key in ds_config and not check(ds_config[key]):
+            found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be {wanted}")
+    checkpointing = ds_config.get("activation_checkpointing", {})
+    for key, value in checkpointing.items():
+        if key not in ACT_CHKPT_DEFAULT:
+            found.append(_unknown_key(path, f"activation_checkpointing.{key}", ACT_CHKPT_DEFAULT))
+        elif ACT_CHKPT_DEFAULT[key] is None and not (value is None or _whole(value, 1)):  # number_checkpoints
+            found.append(f"{path}: activation_checkpointing.{key} {json.dumps(value)} must be a whole number >= 1 "
+                         f"or null")
+        elif isinstance(ACT_CHKPT_DEFAULT[key], bool) and not isinstance(value, bool):
+            found.append(f"{path}: activation_checkpointing.{key} {json.dumps(value)} must be true or false")
+    for key, value in ds_config.get("data_types", {}).items():
+        if key not in DATA_TYPES:
+            found.append(_unknown_key(path, f"data_types.{key}", DATA_TYPES))
+        elif key != "keep_in_fp32_modules" and value is not None and dtype_name(value) not in DTYPES:
+            found.append(f"{path}: data_types.{key} {json.dumps(value)} is not a dtype: use one of {', '.join(DTYPES)}")
+    return found
+
+
+class _OneRank:
+    """DeepSpeedConfig's `mpu`: one data-parallel rank, whether or not a process group exists yet."""
+
+    @staticmethod
+    def get_data_parallel_world_size():
+        return 1
+
+
+def deepspeed_config(sections):
+    """DeepSpeed's own parsed config (deepspeed.runtime.config.DeepSpeedConfig) of `sections` with a
+    placeholder batch triple, before any process group exists; its logger is silenced meanwhile (the engine
+    says its warnings once more when it starts)."""
+    from gpt import dist  # noqa: F401 -- first: it imports deepspeed with DeepSpeed's logs sent to stderr
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        return DeepSpeedConfig({**sections, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                "train_batch_size": 1}, mpu=_OneRank())
+    finally:
+        logger.disabled = disabled
+
+
+def config_models():
+    """DeepSpeed's pydantic config models by class name (a ValidationError's title names its model)."""
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+    models, todo = {}, [DeepSpeedConfigModel]
+    while todo:
+        model = todo.pop()
+        models[model.__name__] = model
+        todo += model.__subclasses__()
+    return models
+
+
+def _model_fields(model, loc):
+    """The field names (and aliases) of the pydantic model found at `loc` under `model`; empty if none."""
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        inner = [t for t in (field.annotation, *typing.get_args(field.annotation)) if isinstance(t, type)
+                 and issubclass(t, pydantic.BaseModel)] if field else []
+        if not inner:
+            return []
+        model = inner[0]
+    return [name for name, field in model.model_fields.items() for name in (name, field.alias) if name]
+
+
+def _error_lines(path, key, error):
+    """One line per problem DeepSpeed's parser found in the top-level `key`: pydantic's errors by dotted key,
+    anything else (its asserts, its own DeepSpeedConfigError) as its first line."""
+    if not isinstance(error, pydantic.ValidationError):
+        return [f"{path}: {key}: {_first_line(error)}"]
+    lines = []
+    for item in error.errors(include_url=False):
+        loc = item["loc"]
+        if loc and loc[0] == key:  # the monitors' model (tensorboard, wandb, ...) reads from the top
+            loc = loc[1:]
+        dotted = ".".join([key, *(str(part) for part in loc)])
+        if item["type"] == "extra_forbidden":
+            model = config_models().get(error.title)
+            fields = _model_fields(model, item["loc"][:-1]) if model else []
+            lines.append(_unknown_key(path, dotted, fields).replace("DeepSpeed would ignore it", "DeepSpeed refuses it"))
+            continue
+        message = item["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        got = f" (got {json.dumps(item['input'], default=repr)})" if loc and item["type"] != "missing" else ""
+        lines.append(f"{path}: {message}" if message.startswith(dotted) else f"{path}: {dotted}: {message}{got}")
+    return lines
+
+
+def deepspeed_problems(ds_config, path):
+    """What DeepSpeed 0.19's own parser refuses, one line per problem, each top-level key parsed apart so
+    that every key's problems are named (the ZeRO block goes along once it parses: others depend on its
+    stage)."""
+    found, context = [], {}
+    keys = [k for k in ds_config if k != "zero_optimization"]
+    for key in ["zero_optimization", *keys] if "zero_optimization" in ds_config else keys:
+        try:
+            deepspeed_config({**context, key: ds_config[key]})
+            if key == "zero_optimization":
+                context = {key: ds_config[key]}
+        except Exception as e:  # noqa: BLE001 -- whatever DeepSpeed raises is the user's JSON's problem
+            found += _error_lines(path, key, e)
+    return found
+
+
+def whole_config_problems(ds_config, path):
+    """DeepSpeed's parser on the whole JSON, last: for what only a combination of keys shows."""
+    try:
+        deepspeed_config(ds_config)
+    except Exception as e:  # noqa: BLE001
+        return [f"{path}: DeepSpeed refuses it: {_first_line(e)}"]
+    return []
+
+
+def _first_line(error):
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def auto_values(value, prefix=""):
+    """The dotted keys holding "auto", Hugging Face's placeholder, which DeepSpeed drops for its default."""
+    if isinstance(value, dict):
+        return [key for k, v in value.items() for key in auto_values(v, f"{prefix}{k}.")]
+    return [prefix[:-1]] if value == "auto" else []
+
+
+def trainer_problems(ds_config, path):
+    """What DeepSpeed accepts but this trainer cannot run right: offload, another optimizer or its
+    parameters, the learning rate and weight decay (our flags), autocast, "auto" values, and the 0.19
+    combinations that fail or misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
+    found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
+             f"default)" for key in auto_values(ds_config)]
+    zero = deepspeed_config({"zero_optimization": ds_config.get("zero_optimization", {})}).zero_config
+    offloaded = [k for k in ("offload_optimizer", "offload_param") if getattr(zero, k) is not None]
     if offloaded:
         found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
                      f"CPU optimizer is untested here)")
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    if stage not in (0, 1, 2) or isinstance(stage, bool):
-        found.append(f"{path}: zero_optimization.stage {json.dumps(stage)} is not supported: use 0, 1 or 2 "
-                     f"(ZeRO-3 partitions the parameters themselves, which this trainer does not handle)")
-    optimizer = ds_config.get("optimizer", {})
-    if optimizer.get("type", "AdamW") not in OPTIMIZERS:
+    if (ds_config.get("torch_autocast") or {}).get("enabled", False):
+        found.append(f"{path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead")
+    found += optimizer_problems(ds_config.get("optimizer", {}), path)
+    if found:
+        return found
+    run_precision = precision(ds_config)
+    if all((section or {}).get("enabled", False) for section in (ds_config.get("fp16"), bf16_section(ds_config))):
+        return [f"{path}: fp16 and bf16 are both enabled; choose one"]
+    accumulation = grad_accum_dtype(ds_config)
+    if accumulation not in (None, "fp32", run_precision):
+        return [f"{path}: data_types.grad_accum_dtype {json.dumps(ds_config['data_types']['grad_accum_dtype'])} "
+                f"does not fit {run_precision} training: use \"fp32\" or \"{run_precision}\" (or leave it out)"]
+    param_dtype = dtype_name((ds_config.get("data_types") or {}).get("param_dtype"))
+    if param_dtype not in (None, run_precision):  # DeepSpeed asserts this in deepspeed.initialize
+        return [f"{path}: data_types.param_dtype {json.dumps(ds_config['data_types']['param_dtype'])} does not "
+                f"fit {run_precision} training (the fp16/bf16 blocks set it): leave it out"]
+    if run_precision == "fp16" and zero_stage(ds_config) == 0:
+        # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
+        # grad norms and clipping come out wrong by the loss scale.
+        return [f"{path}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)"]
+    if run_precision == "bf16" and zero_stage(ds_config) == 0 and accumulation == "fp32":
+        # DeepSpeed 0.19 raises NotImplementedError inside deepspeed.initialize for this mix.
+        return [f"{path}: bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) needs ZeRO stage 1 or 2"]
+    return []
+
+
+def optimizer_problems(optimizer, path):
+    """The optimizer block: Adam or AdamW (DeepSpeed's FusedAdam, or torch's with torch_adam) and the
+    parameters they take, with lr and weight_decay left to the trainer's flags."""
+    found = [_unknown_key(path, f"optimizer.{key}", OPTIMIZER_KEYS) for key in optimizer if key not in OPTIMIZER_KEYS]
+    if str(optimizer.get("type", "AdamW")).lower() not in [name.lower() for name in OPTIMIZERS]:
         found.append(f"{path}: optimizer.type {json.dumps(optimizer.get('type'))}: this trainer runs "
                      f"{' or '.join(OPTIMIZERS)}")
-    params = optimizer.get("params", {}) if isinstance(optimizer.get("params", {}), dict) else None
-    if params is None:
-        found.append(f"{path}: optimizer.params must be a JSON object")
-    else:
-        betas = params.get("betas", [0.9, 0.999])
-        if not (isinstance(betas, list) and len(betas) == 2 and all(_finite(b, 0, 1, high_open=True) for b in betas)):
-            found.append(f"{path}: optimizer.params.betas {json.dumps(betas)} must be two numbers in [0, 1)")
-        if not _finite(params.get("eps", 1e-8), 0, high_open=True) or params.get("eps", 1e-8) <= 0:
-            found.append(f"{path}: optimizer.params.eps {json.dumps(params.get('eps'))} must be a small positive number")
-        for key in ("lr", "weight_decay"):
-            if key in params:
-                found.append(f"{path}: optimizer.params.{key} is decided by the trainer (from --{key}): remove it "
-                             f"from the JSON")
-    if not _finite(ds_config.get("gradient_clipping", 0), 0):
-        found.append(f"{path}: gradient_clipping {json.dumps(ds_config.get('gradient_clipping'))} must be a finite "
-                     f"number >= 0 (0: off)")
+    params = optimizer.get("params", {})
+    if not isinstance(params, dict):
+        return found + [f"{path}: optimizer.params must be a JSON object"]
+    for key, value in params.items():
+        if key in ("lr", "weight_decay"):
+            found.append(f"{path}: optimizer.params.{key} is decided by the trainer (from --{key}): remove it "
+                         f"from the JSON")
+        elif key not in ADAM_PARAMS:
+            found.append(_unknown_key(path, f"optimizer.params.{key}", ADAM_PARAMS))
+        elif not ADAM_PARAMS[key][0](value):
+            found.append(f"{path}: optimizer.params.{key} {json.dumps(value)} must be {ADAM_PARAMS[key][1]}")
+    if params.get("amsgrad") is True and params.get("torch_adam") is not True:
+        found.append(f"{path}: optimizer.params.amsgrad true needs optimizer.params.torch_adam true (DeepSpeed's "
+                     f"FusedAdam has no AMSGrad)")
+    if "bias_correction" in params and params.get("torch_adam") is True:
+        found.append(f"{path}: optimizer.params.bias_correction is FusedAdam's; torch's Adam (torch_adam) always "
+                     f"corrects the bias: remove it")
     return found
 
 
 def problems(ds_config, path):
-    """Everything wrong with the JSON that can be seen before launch, one line each: bad keys and values
-    (value_problems), and the combinations DeepSpeed 0.19 accepts but cannot run right."""
-    found = value_problems(ds_config, path)
-    if found:
-        return found
-    if all(ds_config.get(k, {}).get("enabled", False) for k in ("bf16", "fp16")):
-        return [f"{path}: fp16 and bf16 are both enabled; choose one"]
-    if precision(ds_config) == "fp16" and zero_stage(ds_config) == 0:
-        # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
-        # grad norms and clipping come out wrong by the loss scale.
-        return [f"{path}: fp16 needs ZeRO stage 1 or 2 (stage 0 mis-scales gradients)"]
-    if (precision(ds_config) == "bf16" and zero_stage(ds_config) == 0
-            and ds_config.get("data_types", {}).get("grad_accum_dtype") == "fp32"):
-        # DeepSpeed 0.19 raises NotImplementedError inside deepspeed.initialize for this mix.
-        return [f"{path}: bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) needs ZeRO stage 1 or 2"]
+    """Everything wrong with the JSON that can be seen before launch, one line each, in stages that each
+    assume the last one passed: the structure, the values DeepSpeed reads unchecked, DeepSpeed's own parser
+    (its pydantic models) key by key, what DeepSpeed accepts but this trainer cannot run, and DeepSpeed's parser
+    on the whole."""
+    for stage in (structure_problems, hand_parsed_problems, deepspeed_problems, trainer_problems,
+                  whole_config_problems):
+        found = stage(ds_config, path)
+        if found:
+            return found
     return []
 
 

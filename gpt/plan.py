@@ -82,7 +82,7 @@ def model_state_bytes(n_params, precision, stage, world_size, ds_config=None):
     ds_config = ds_config or {}
     psi, n, e = n_params, world_size, element_bytes(precision)
     partition = (lambda x: x / n) if stage >= 1 else (lambda x: x)
-    fp32_accumulation = ds_config.get("data_types", {}).get("grad_accum_dtype") == "fp32"
+    fp32_accumulation = dsc.grad_accum_dtype(ds_config) == "fp32"
     parts = {"parameters": e * psi}
     if precision == "fp32":  # ZeRO 1/2 still keep their own fp32 copy of each partition as master weights
         parts["gradients"] = 4 * psi / n if stage >= 2 else 4 * psi
