@@ -67,20 +67,21 @@ class _JSONObject(dict):
         self.repeated = [key for key, count in Counter(key for key, _ in pairs).items() if count > 1]
 
 
-def _repeated_keys(value, prefix=""):
+def _repeated_keys(value, where=""):
     """Every repeated key in a parsed JSON value, dotted from the top; the value back with plain dicts."""
     if isinstance(value, list):
         found, items = [], []
         for i, item in enumerate(value):
-            item_found, item = _repeated_keys(item, f"{prefix}[{i}]")
+            item_found, item = _repeated_keys(item, f"{where}[{i}]")
             found += item_found
             items.append(item)
         return found, items
     if not isinstance(value, dict):
         return [], value
-    found, plain = [f"{prefix}{key}" for key in getattr(value, "repeated", [])], {}
+    dotted = (lambda key: f"{where}.{key}") if where else str
+    found, plain = [dotted(key) for key in getattr(value, "repeated", [])], {}
     for key, item in value.items():
-        item_found, plain[key] = _repeated_keys(item, f"{prefix}{key}.")
+        item_found, plain[key] = _repeated_keys(item, dotted(key))
         found += item_found
     return found, plain
 
@@ -108,8 +109,8 @@ def load(path):
         raise DeepSpeedConfigError(f"{path}: expected a JSON object")
     repeated, config = _repeated_keys(config)
     if repeated:
-        raise DeepSpeedConfigError("\n".join(f"{path}: duplicate key '{key}' (JSON would keep the last one "
-                                              f"silently)" for key in repeated))
+        raise DeepSpeedConfigError("\n".join(f"{path}: duplicate key '{key}' (DeepSpeed would use the last "
+                                              f"one, silently)" for key in repeated))
     return config
 
 
@@ -167,9 +168,10 @@ def known_keys():
     return DEEPSPEED_SECTIONS | {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)}
 
 
-def _unknown_key(path, key, known):
+def _unknown_key(path, key, known, otherwise="DeepSpeed would ignore it"):
+    """'unknown key' for a dotted key, with the closest of the `known` names at its level, else `otherwise`."""
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
-    return f"{path}: unknown key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else " (DeepSpeed would ignore it)")
+    return f"{path}: unknown key '{key}' ({f'did you mean {close[0]!r}?' if close else otherwise})"
 
 
 def _finite(value, low, high=math.inf, high_open=False, low_open=False):
@@ -289,13 +291,13 @@ def _error_lines(path, key, error):
     lines = []
     for item in error.errors(include_url=False):
         loc = item["loc"]
-        if loc and loc[0] == key:  # the monitors' model (tensorboard, wandb, ...) reads from the top
+        if loc and loc[0] == key:  # the monitors' model (tensorboard, wandb, ...) parses from the top level
             loc = loc[1:]
         dotted = ".".join([key, *(str(part) for part in loc)])
         if item["type"] == "extra_forbidden":
             model = config_models().get(error.title)
             fields = _model_fields(model, item["loc"][:-1]) if model else []
-            lines.append(_unknown_key(path, dotted, fields).replace("DeepSpeed would ignore it", "DeepSpeed refuses it"))
+            lines.append(_unknown_key(path, dotted, fields, otherwise="DeepSpeed refuses it"))
             continue
         message = item["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         got = f" (got {json.dumps(item['input'], default=repr)})" if loc and item["type"] != "missing" else ""
@@ -391,7 +393,8 @@ def optimizer_problems(optimizer, path):
             found.append(f"{path}: optimizer.params.{key} is decided by the trainer (from --{key}): remove it "
                          f"from the JSON")
         elif key not in ADAM_PARAMS:
-            found.append(_unknown_key(path, f"optimizer.params.{key}", ADAM_PARAMS))
+            found.append(_unknown_key(path, f"optimizer.params.{key}", ADAM_PARAMS,
+                                      otherwise=f"this trainer's Adam takes {', '.join(ADAM_PARAMS)}"))
         elif not ADAM_PARAMS[key][0](value):
             found.append(f"{path}: optimizer.params.{key} {json.dumps(value)} must be {ADAM_PARAMS[key][1]}")
     if params.get("amsgrad") is True and params.get("torch_adam") is not True:

@@ -138,6 +138,13 @@ def shards(tmp_path, train_tokens, val_tokens):
     return str(data)
 
 
+def ds_file(tmp_path, content):
+    """A DeepSpeed JSON file of exactly this text or these bytes."""
+    path = tmp_path / "ds.json"
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    return str(path)
+
+
 ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
 OPTIMIZER = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["optimizer"]
 # (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON,
@@ -226,6 +233,65 @@ TRAIN_CASES = [
      "error: {tmp}/hf/config.json: invalid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
      "(char 1))"),
     (lambda t: ["--hellaswag", str(t / "nope.jsonl")], "error: {tmp}/nope.jsonl: file not found"),
+    (["--collective_timeout", "1e300"], "error: --collective_timeout 1e+300 must be at most 604800 seconds (a week)"),
+    # DeepSpeed's own parser (its pydantic models), each problem named by its dotted key
+    (lambda t: ["--ds_config", ds_file(t, '{"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e400}}')],
+     "error: {path}: zero_optimization.reduce_bucket_size: Input should be a finite number (got Infinity)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "reduce_bucket_size": -1})],
+     "error: {path}: zero_optimization.reduce_bucket_size: Input should be greater than 0 (got -1)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "allgather_bucket_size": -1})],
+     "error: {path}: zero_optimization.allgather_bucket_size: Input should be greater than or equal to 0 (got -1)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "overlap_comms": True})],
+     "error: {path}: unknown key 'zero_optimization.overlap_comms' (did you mean 'overlap_comm'?)"),
+    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": True, "loss_scale_windw": 500})],
+     "error: {path}: unknown key 'fp16.loss_scale_windw' (did you mean 'loss_scale_window'?)"),
+    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": True, "loss_scale_window": 0})],
+     "error: {path}: fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled (loss_scale=0)"),
+    (lambda t: ["--ds_config", ds_json(t, tensorboard={"enabled": True, "output_path": 3})],
+     "error: {path}: tensorboard.output_path: Input should be a valid string (got 3)"),
+    (lambda t: ["--ds_config", ds_json(t, nebula={"enabled": True})],
+     "error: {path}: nebula: Nebula checkpointing has been removed. A leftover 'nebula' block would be ignored and "
+     "checkpoints would silently fall back to local torch.save. See https://github.com/deepspeedai/DeepSpeed/issues/8489."),
+    # what DeepSpeed reads by hand, unchecked
+    (lambda t: ["--ds_config", ds_json(t, steps_per_print=0)],
+     "error: {path}: steps_per_print 0 must be a whole number >= 1 or null"),
+    (lambda t: ["--ds_config", ds_json(t, wall_clock_breakdown="yes")],
+     'error: {path}: wall_clock_breakdown "yes" must be true or false'),
+    (lambda t: ["--ds_config", ds_json(t, activation_checkpointing={"partition_activations": "yes",
+                                                                     "number_checkpoints": "x"})],
+     'error: {path}: activation_checkpointing.partition_activations "yes" must be true or false\n'
+     'error: {path}: activation_checkpointing.number_checkpoints "x" must be a whole number >= 1 or null'),
+    (lambda t: ["--ds_config", ds_json(t, activation_checkpointing={"cpu_checkpoint": False})],
+     "error: {path}: unknown key 'activation_checkpointing.cpu_checkpoint' (did you mean 'cpu_checkpointing'?)"),
+    (lambda t: ["--ds_config", ds_json(t, data_types={"grad_accum_dtype": "int8"})],
+     'error: {path}: data_types.grad_accum_dtype "int8" is not a dtype: use one of fp32, bf16, fp16'),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"amsgrad": "maybe"}})],
+     'error: {path}: optimizer.params.amsgrad "maybe" must be true or false'),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"amsgrad": True}})],
+     "error: {path}: optimizer.params.amsgrad true needs optimizer.params.torch_adam true (DeepSpeed's FusedAdam has "
+     "no AMSGrad)"),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"beta": [0.9, 0.95]}})],
+     "error: {path}: unknown key 'optimizer.params.beta' (did you mean 'betas'?)"),
+    # what the JSON reader refuses, and what DeepSpeed accepts but this trainer would get wrong
+    (lambda t: ["--ds_config", ds_file(t, '{"zero_optimization": {"stage": 1, "stage": 2}}')],
+     "error: {path}: duplicate key 'zero_optimization.stage' (DeepSpeed would use the last one, silently)"),
+    (lambda t: ["--ds_config", ds_file(t, b'{"steps_per_print": 1} \xff')],
+     "error: {path}: not UTF-8 text (byte 0xff at offset 23)"),
+    (lambda t: ["--ds_config", ds_json(t, bf16={"enabled": True}, bfloat16={"enabled": False})],
+     "error: {path}: both 'bf16' and 'bfloat16' (its older name): keep 'bf16' (DeepSpeed would read only that one)"),
+    (lambda t: ["--ds_config", ds_json(t, bfloat16={"enabled": True}, fp16={"enabled": True})],
+     "error: {path}: fp16 and bf16 are both enabled; choose one"),
+    (lambda t: ["--ds_config", ds_json(t, bfloat16={"enabled": True}, data_types={"grad_accum_dtype": "fp16"})],
+     'error: {path}: data_types.grad_accum_dtype "fp16" does not fit bf16 training: use "fp32" or "bf16" (or leave '
+     'it out)'),
+    (lambda t: ["--ds_config", ds_json(t, torch_autocast={"enabled": True})],
+     "error: {path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "reduce_bucket_size": "auto"})],
+     'error: {path}: zero_optimization.reduce_bucket_size "auto" is a Hugging Face placeholder: give a value '
+     '(DeepSpeed would use its default)'),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "cpu_offload": True})],
+     "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
+     "optimizer is untested here)"),
     (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
      'parameters themselves, which this trainer does not handle)'),

@@ -39,6 +39,8 @@ BAD_FILES = {
     "hf_no_weights/config.json": json.dumps(HF_CONFIG),
     "hf_bad_weights/config.json": json.dumps(HF_CONFIG), "hf_bad_weights/model.safetensors": b"garbage" * 10,
     "no_shards/readme.txt": "nothing here",
+    "ds_twice.json": '{"zero_optimization": {"stage": 1, "stage": 2}}', "ds_latin1.json": b'{"x": "caf\xe9"}',
+    "ds_bucket.json": json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": -1}}),
 }
 
 
@@ -154,6 +156,12 @@ CASES = [
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}", "error: {in}: a directory, not a DeepSpeed JSON file"),
     ("gpt-plan", "--gpu h100-80gb --ds_config=", "error: --ds_config is empty: name a DeepSpeed JSON file"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/good.txt", "error: {in}/good.txt: invalid JSON (..."),
+    ("gpt-plan", "--gpu h100-80gb --ds_config {in}/ds_twice.json",
+     "error: {in}/ds_twice.json: duplicate key 'zero_optimization.stage' (DeepSpeed would use the last one, silently)"),
+    ("gpt-plan", "--gpu h100-80gb --ds_config {in}/ds_latin1.json",
+     "error: {in}/ds_latin1.json: not UTF-8 text (byte 0xe9 at offset 10)"),
+    ("gpt-plan", "--gpu h100-80gb --ds_config {in}/ds_bucket.json",
+     "error: {in}/ds_bucket.json: zero_optimization.reduce_bucket_size: Input should be greater than 0 (got -1)"),
     ("gpt-plan", "--gpu h100-80gb --wrold_size 8", "error: unrecognized arguments: --wrold_size 8"),
     ("gpt-plan", "--measure --gpu h100-80gb",
      "error: --measure measures the GPU it runs on: drop --gpu (--gpu_mem GiB stands in for a smaller card)"),
