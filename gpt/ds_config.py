@@ -205,10 +205,43 @@ def structure_problems(ds_config, path):
     return found
 
 
+def hand_parsed_sections():
+    """The blocks DeepSpeed 0.19 parses by hand, as {key: DeepSpeed's default} from its own constants."""
+    from deepspeed.profiling import constants as profiler
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+    names = vars(profiler)
+    return {"activation_checkpointing": ACT_CHKPT_DEFAULT,
+            "flops_profiler": {value: names[f"{name}_DEFAULT"] for name, value in names.items()
+                               if name.startswith("FLOPS_PROFILER_") and f"{name}_DEFAULT" in names}}
+
+
+def _section_problems(section, name, defaults, path):
+    """Each key of a hand-parsed block known, and of its default's type (None: a whole number >= 1, or a
+    file name for output_file, or null)."""
+    found = []
+    for key, value in section.items():
+        default, wanted = defaults.get(key), None
+        if key not in defaults:
+            found.append(_unknown_key(path, f"{name}.{key}", defaults))
+        elif isinstance(default, bool):
+            wanted = None if isinstance(value, bool) else "true or false"
+        elif isinstance(default, int):
+            wanted = None if _whole(value, -math.inf) else "a whole number"
+        elif isinstance(default, float):
+            wanted = None if _finite(value, -math.inf) else "a finite number"
+        elif key == "output_file":
+            wanted = None if value is None or isinstance(value, str) else "a file name or null"
+        elif not (value is None or _whole(value, 1)):  # number_checkpoints
+            wanted = "a whole number >= 1 or null"
+        if wanted:
+            found.append(f"{path}: {name}.{key} {json.dumps(value)} must be {wanted}")
+    return found
+
+
 def hand_parsed_problems(ds_config, path):
     """Types of what DeepSpeed 0.19 reads by hand (get_scalar_param) and uses unchecked, where a wrong type
-    fails at the first step or silently: top-level switches and numbers, activation_checkpointing, data_types."""
-    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+    fails at the first step or silently: top-level switches and numbers, activation_checkpointing, flops_profiler,
+    data_types."""
     found = []
     for key in sorted(BOOLEAN_SETTINGS & ds_config.keys()):
         if not isinstance(ds_config[key], bool):
@@ -220,15 +253,8 @@ def hand_parsed_problems(ds_config, path):
     for key, (check, wanted) in NUMBER_SETTINGS.items():
         if key in ds_config and not check(ds_config[key]):
             found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be {wanted}")
-    checkpointing = ds_config.get("activation_checkpointing", {})
-    for key, value in checkpointing.items():
-        if key not in ACT_CHKPT_DEFAULT:
-            found.append(_unknown_key(path, f"activation_checkpointing.{key}", ACT_CHKPT_DEFAULT))
-        elif ACT_CHKPT_DEFAULT[key] is None and not (value is None or _whole(value, 1)):  # number_checkpoints
-            found.append(f"{path}: activation_checkpointing.{key} {json.dumps(value)} must be a whole number >= 1 "
-                         f"or null")
-        elif isinstance(ACT_CHKPT_DEFAULT[key], bool) and not isinstance(value, bool):
-            found.append(f"{path}: activation_checkpointing.{key} {json.dumps(value)} must be true or false")
+    for section, defaults in hand_parsed_sections().items():
+        found += _section_problems(ds_config.get(section, {}), section, defaults, path)
     for key, value in ds_config.get("data_types", {}).items():
         if key not in DATA_TYPES:
             found.append(_unknown_key(path, f"data_types.{key}", DATA_TYPES))
@@ -368,6 +394,10 @@ def trainer_problems(ds_config, path):
     if param_dtype not in (None, run_precision):  # DeepSpeed asserts this in deepspeed.initialize
         return [f"{path}: data_types.param_dtype {json.dumps(ds_config['data_types']['param_dtype'])} does not "
                 f"fit {run_precision} training (the fp16/bf16 blocks set it): leave it out"]
+    hysteresis = (ds_config.get("fp16") or {}).get("hysteresis", 2)
+    if run_precision == "fp16" and hysteresis < 1:  # DynamicLossScaler counts down to 1: from below it never gets there
+        return [f"{path}: fp16.hysteresis {hysteresis} must be >= 1 (below, the loss scale would never drop on "
+                f"overflow and every step would be skipped)"]
     if run_precision == "fp16" and zero_stage(ds_config) == 0:
         # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
         # grad norms and clipping come out wrong by the loss scale.

@@ -263,6 +263,11 @@ TRAIN_CASES = [
      'error: {path}: activation_checkpointing.number_checkpoints "x" must be a whole number >= 1 or null'),
     (lambda t: ["--ds_config", ds_json(t, activation_checkpointing={"cpu_checkpoint": False})],
      "error: {path}: unknown key 'activation_checkpointing.cpu_checkpoint' (did you mean 'cpu_checkpointing'?)"),
+    (lambda t: ["--ds_config", ds_json(t, flops_profiler={"enabled": False, "detail": True})],
+     "error: {path}: unknown key 'flops_profiler.detail' (did you mean 'detailed'?)"),
+    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": True, "hysteresis": 0})],
+     "error: {path}: fp16.hysteresis 0 must be >= 1 (below, the loss scale would never drop on overflow and every "
+     "step would be skipped)"),
     (lambda t: ["--ds_config", ds_json(t, data_types={"grad_accum_dtype": "int8"})],
      'error: {path}: data_types.grad_accum_dtype "int8" is not a dtype: use one of fp32, bf16, fp16'),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"amsgrad": "maybe"}})],
