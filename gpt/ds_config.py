@@ -286,6 +286,12 @@ def deepspeed_config(sections):
         logger.disabled = disabled
 
 
+def parsed(ds_config, *keys):
+    """DeepSpeed's own reading of these top-level keys of a checked JSON (deepspeed_config), for values its
+    models coerce ("2" to 2, "no" to false) or fill in (defaults, deprecated aliases such as cpu_offload)."""
+    return deepspeed_config({key: ds_config[key] for key in keys if key in ds_config})
+
+
 def config_models():
     """DeepSpeed's pydantic config models by class name (a ValidationError's title names its model)."""
     from deepspeed.runtime.config_utils import DeepSpeedConfigModel
@@ -373,7 +379,7 @@ def trainer_problems(ds_config, path):
     combinations that fail or misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
     found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
              f"default)" for key in auto_values(ds_config)]
-    zero = deepspeed_config({"zero_optimization": ds_config.get("zero_optimization", {})}).zero_config
+    zero = parsed(ds_config, "zero_optimization").zero_config
     offloaded = [k for k in ("offload_optimizer", "offload_param") if getattr(zero, k) is not None]
     if offloaded:
         found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
@@ -394,7 +400,7 @@ def trainer_problems(ds_config, path):
     if param_dtype not in (None, run_precision):  # DeepSpeed asserts this in deepspeed.initialize
         return [f"{path}: data_types.param_dtype {json.dumps(ds_config['data_types']['param_dtype'])} does not "
                 f"fit {run_precision} training (the fp16/bf16 blocks set it): leave it out"]
-    hysteresis = (ds_config.get("fp16") or {}).get("hysteresis", 2)
+    hysteresis = parsed(ds_config, "fp16").float16_config.hysteresis
     if run_precision == "fp16" and hysteresis < 1:  # DynamicLossScaler counts down to 1: from below it never gets there
         return [f"{path}: fp16.hysteresis {hysteresis} must be >= 1 (below, the loss scale would never drop on "
                 f"overflow and every step would be skipped)"]

@@ -106,10 +106,10 @@ def bucket_bytes(ds_config, precision, stage):
     it) and the all-gather bucket, in the gradient dtype."""
     if stage == 0:
         return 0
-    zero = ds_config.get("zero_optimization", {})
+    zero = dsc.parsed(ds_config, "zero_optimization").zero_config  # DeepSpeed's defaults and coercions
     e = element_bytes(precision)
-    reduce = float(zero.get("reduce_bucket_size", 5e8)) * e * (2 if zero.get("overlap_comm") else 1)
-    return reduce + float(zero.get("allgather_bucket_size", 5e8)) * e
+    reduce = zero.reduce_bucket_size * e * (2 if zero.overlap_comm else 1)
+    return reduce + zero.allgather_bucket_size * e
 
 
 # -- activations and the loss ------------------------------------------------------------------------
