@@ -198,7 +198,8 @@ def structure_problems(ds_config, path):
     if "bf16" in ds_config and "bfloat16" in ds_config:
         found.append(f"{path}: both 'bf16' and 'bfloat16' (its older name): keep 'bf16' (DeepSpeed would read "
                      f"only that one)")
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0) if not found else 0
+    zero = ds_config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     if stage not in (0, 1, 2) or isinstance(stage, bool):  # stricter than DeepSpeed's 0-3, and said our way
         found.append(f"{path}: zero_optimization.stage {json.dumps(stage)} is not supported: use 0, 1 or 2 "
                      f"(ZeRO-3 partitions the parameters themselves, which this trainer does not handle)")
