@@ -47,6 +47,13 @@ def parse_example(line, where):
         raise HellaSwagError(f"{where}: 'ctx' must be a string, got {json.dumps(context)[:40]}")
     if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
         raise HellaSwagError(f"{where}: 'endings' must be a list of 4 strings, got {json.dumps(endings)[:40]}")
+    # nothing to score after (an empty context) or nothing to score (an empty ending): the mean loss is NaN, and
+    # argmin then picks ending 0; official rows never have either, so such a row is a broken copy
+    if not context.strip():
+        raise HellaSwagError(f"{where}: 'ctx' is empty: an ending is scored on the context before it")
+    empty = [i for i, e in enumerate(endings) if not e.strip()]
+    if empty:
+        raise HellaSwagError(f"{where}: ending {empty[0]} is empty: there is nothing to score")
     if isinstance(label, str) and label in ("0", "1", "2", "3"):  # some copies hold the label as a string
         label = int(label)
     if type(label) is not int or not 0 <= label <= 3:
@@ -102,6 +109,11 @@ def read_llmc_bin(path):
         if count != 4 or not 0 <= label < 4:
             raise HellaSwagError(f"{path}: example {index}: expected 4 endings and a label in 0..3, "
                                  f"found {count} and {label}")
+        empty = [i for i, tokens in enumerate(lists) if not tokens]
+        if empty:
+            raise HellaSwagError(f"{path}: example {index}: " + ("the context is empty" if empty[0] == 0 else
+                                                                 f"ending {empty[0] - 1} is empty") +
+                                 ": nothing to score")
         examples.append(Example(lists[0], tuple(lists[1:]), label))
         position += size
     if not examples:
