@@ -9,6 +9,7 @@ Layout under OUT_DIR/checkpoints/:
     latest                    the newest complete tag (moved after complete.json exists)
     step_00000200.damaged/    a complete checkpoint found damaged at resume, set aside (kept, never loaded)
 """
+import contextlib
 import json
 import os
 import random
@@ -308,7 +309,8 @@ def read_weights(path):
     state = None
     if run["zero_stage"] > 0:
         try:
-            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+            with contextlib.redirect_stdout(sys.stderr):  # its progress prints: stdout is gpt-eval --json's
+                state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
         except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
             state = None
     if state is None:  # the module's own weights (16-bit in half-precision runs)

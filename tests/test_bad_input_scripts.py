@@ -348,3 +348,17 @@ def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, tmp_path,
     first = (exported / "model.safetensors").stat().st_mtime_ns
     hf.main([str(trained_checkpoint), "--out_dir", str(exported), "--overwrite"])
     assert (exported / "model.safetensors").stat().st_mtime_ns > first and not list(exported.glob("*.tmp"))
+
+
+def test_gpt_export_auto_is_a_path(trained_checkpoint, tmp_path, monkeypatch, capsys):
+    """'auto' names the newest checkpoint of a run's out_dir only to the trainer's --resume; gpt-export (like gpt-eval
+    and gpt-sample) has no run's out_dir, so there it is a path like any other (it used to raise a TypeError)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "auto").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        hf.main(["auto", "--out_dir", "hf"])
+    assert exit_info.value.code == "error: auto: no complete checkpoint found" and not (tmp_path / "hf").exists()
+    (tmp_path / "auto").rmdir()
+    shutil.copytree(trained_checkpoint, tmp_path / "auto")
+    hf.main(["auto", "--out_dir", "hf"])
+    assert capsys.readouterr().out.startswith("exported auto -> hf") and (tmp_path / "hf" / "config.json").is_file()
