@@ -318,8 +318,8 @@ def read_weights(path):
     if "transformer.wte.weight" in state:
         state.setdefault("lm_head.weight", state["transformer.wte.weight"])
     if config.n_embd % config.n_head:
-        raise CheckpointError(f"{path}: its {RUN_CONFIG} says n_embd {config.n_embd} and n_head {config.n_head}, "
-                              f"which does not divide it")
+        raise CheckpointError(f"{path}: its {RUN_CONFIG} says n_head {config.n_head}, which does not divide its "
+                              f"n_embd {config.n_embd}")
     wrong = state_dict_mismatch(state, config)
     if wrong:  # run_config.json edited, or copied from another run: an export would describe other weights
         raise CheckpointError(f"{path}: the weights do not fit its {RUN_CONFIG} (n_layer {config.n_layer}, n_embd "

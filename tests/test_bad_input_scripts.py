@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,11 @@ def bad_files(tmp_path_factory, trained_checkpoint):
         (root / name).mkdir()
         make(root / name / "x_val_000000.bin")  # a FIFO used to block gpt-eval forever
     os.mkfifo(root / "pipe.txt")
+    # llm.c's eval format (conftest.hellaswag_files): one example, label 0, 4 endings, the second empty
+    lists = [[10, 11], [12], [], [13], [14]]
+    fields = [0, 0, 4] + [x for tokens in lists for x in (len(tokens), *tokens)]
+    (root / "hs_empty_ending.bin").write_bytes(struct.pack("<256i", 20240522, 1, 1, *[0] * 253) + struct.pack(
+        f"<{len(fields) + 2}H", 65535, 2 * (len(fields) + 2), *fields))
     for name, key, value in (("edited_layers", "n_layer", 3), ("edited_heads", "n_head", 3)):
         shutil.copytree(trained_checkpoint, root / name)  # a run_config.json edited to other numbers of one digit:
         config = root / name / "step_00000002" / "run_config.json"  # the same size, so not found damaged
@@ -239,7 +245,10 @@ CASES = [
      "block_size 256, vocab_size 50304; missing, extra or misshapen: transformer.h.2.attn.c_attn.bias, "
      "transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_proj.bias, ...)"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty_ctx.jsonl",
-     "error: {in}/hs_empty_ctx.jsonl:1: 'ctx' is empty: an ending is scored on the context before it"),
+     "error: {in}/hs_empty_ctx.jsonl:1: the context is empty: an ending is scored on the context before it"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty_ending.bin",
+     "error: {in}/hs_empty_ending.bin: example 0: ending 1 is empty: there is nothing to score"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/pipe.txt", "error: {in}/pipe.txt: a FIFO (named pipe), not a regular file"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty_ending.jsonl",
      "error: {in}/hs_empty_ending.jsonl:1: ending 2 is empty: there is nothing to score"),
     ("gpt-eval", "--hf {in}/hf_bad_heads --data {data}",
@@ -300,11 +309,11 @@ CASES = [
      "block_size 256, vocab_size 50304; missing, extra or misshapen: transformer.h.2.attn.c_attn.bias, "
      "transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_proj.bias, ...)"),
     ("gpt-export", "{in}/edited_heads --out_dir {out}",
-     "error: {in}/edited_heads/step_00000002: its run_config.json says n_embd 64 and n_head 3, which does not "
-     "divide it"),
+     "error: {in}/edited_heads/step_00000002: its run_config.json says n_head 3, which does not divide its "
+     "n_embd 64"),
     ("gpt-sample", "--checkpoint {in}/edited_heads",
-     "error: {in}/edited_heads/step_00000002: its run_config.json says n_embd 64 and n_head 3, which does not "
-     "divide it"),
+     "error: {in}/edited_heads/step_00000002: its run_config.json says n_head 3, which does not divide its "
+     "n_embd 64"),
     ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
     ("gpt-export", "{ckpt} --out_dir=", "error: --out_dir is empty: name a directory"),
 ]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import TINY, train
-from gpt.data import DataError, ShuffledTokenLoader, find_shards, fingerprints, load_shard, shard_fingerprint, write_shard
+from gpt.data import (DataError, ShuffledTokenLoader, find_shards, fingerprints, load_shard, shard_fingerprint,
+                      write_shard)
 
 RUN = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512"]
 SHARD = "shakespeare_train_000001.bin"
@@ -36,7 +37,6 @@ def snapshot(directory):
     return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("change, what", [
     (lambda tokens: np.roll(tokens, 1), "holds other tokens in the same {bytes:,} bytes"),
     (lambda tokens: tokens[:-1000], "has {fewer:,} bytes, {bytes:,} then")], ids=["same_length", "shorter"])
@@ -54,7 +54,6 @@ def test_a_resume_into_rewritten_shards_is_refused_before_launch(saved, tmp_path
     assert snapshot(out) == before  # nothing written
 
 
-@pytest.mark.slow
 def test_reset_data_position_continues_from_the_next_epoch_and_says_what_changed(saved, tmp_path):
     data, out = saved
     changed = changed_copy(data, tmp_path, lambda tokens: np.roll(tokens, 1))
@@ -73,7 +72,6 @@ def test_reset_data_position_continues_from_the_next_epoch_and_says_what_changed
     assert run_config["data"] == fingerprints(find_shards(changed, "train"))  # the next resume checks the new shards
 
 
-@pytest.mark.slow
 def test_the_same_shards_elsewhere_resume_at_the_saved_position(saved, tmp_path):
     """Fingerprints go by file name and content, not path: data moved to another disk resumes exactly."""
     data, out = saved
@@ -84,7 +82,6 @@ def test_the_same_shards_elsewhere_resume_at_the_saved_position(saved, tmp_path)
     assert "warning:" not in proc.stderr
 
 
-@pytest.mark.slow
 def test_a_checkpoint_without_fingerprints_resumes_and_says_what_is_not_checked(saved, tmp_path):
     """Checkpoints saved before fingerprints were recorded: run_config.json without 'data' (rewritten to its old
     size, as complete.json records it)."""
