@@ -2,9 +2,11 @@
 problem on stderr, `error: <the flag or file>: <the problem>`, and exit status 1, malformed flags included;
 checked before anything is loaded or written."""
 import argparse
+import errno
 import json
 import math
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -47,6 +49,29 @@ def out_dir_problem(flag, out_dir):
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{flag} {out_dir}: {existing} is not writable"
     return None
+
+
+NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def regular_file_problem(path):
+    """Why `path` is not a regular file to read (a dangling or looping symbolic link, a directory, a FIFO, ...),
+    or None. Decided by stat alone: opening a FIFO would block until something writes to it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+        return f"{path}: file not found"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{path}: a symbolic link that loops ({e.strerror})"
+        return f"{path}: unreadable ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{path}: " + next((kind for test, kind in NOT_REGULAR if test(mode)), "a special file") + \
+        ", not a regular file"
 
 
 def exit_if(problems):

@@ -9,6 +9,7 @@ Layout under OUT_DIR/checkpoints/:
     latest                    the newest complete tag (moved after complete.json exists)
     step_00000200.damaged/    a complete checkpoint found damaged at resume, set aside (kept, never loaded)
 """
+import contextlib
 import json
 import os
 import random
@@ -23,8 +24,9 @@ import torch
 
 from gpt import dist
 from gpt.args import out_dir_problem
+from gpt.data import data_changes, describe_changes
 from gpt.metrics import say
-from gpt.model import GPTConfig
+from gpt.model import GPTConfig, state_dict_mismatch
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "complete.json"
@@ -156,8 +158,9 @@ def newest_intact(ckpt_dir):
 
 def find_checkpoint(resume, out_dir):
     """The checkpoint directory to resume from, or None for a fresh start ('auto' with nothing saved).
-    `resume` is 'auto' (the newest intact one under out_dir) or a path to a checkpoint or its parent."""
-    if resume == "auto":
+    `resume` is 'auto' (the newest intact one under out_dir) or a path to a checkpoint or its parent; with
+    out_dir None (the console scripts) it is always a path."""
+    if resume == "auto" and out_dir is not None:  # without a run's out_dir (gpt-export, gpt-eval) 'auto' is a path
         return newest_intact(checkpoint_dir(out_dir))
     path = Path(resume)
     if (path / COMPLETE).exists():
@@ -247,6 +250,27 @@ def check_compatible(path, saved, current):
         raise CheckpointError(f"{path}: cannot resume: " + "; ".join(problems))
 
 
+def check_same_data(path, saved, current, data_dir, reset_position):
+    """An exact resume continues at the saved data position, which means the same tokens only in the same train
+    shards: refuse one whose shards changed since the save (run_config.json records their fingerprints), or with
+    reset_position (--reset_data_position, the position restarts anyway) say what changed. A resume on another
+    world size restarts the position too. Checkpoints saved before fingerprints were recorded: said, not checked."""
+    if saved.get("world_size") != current["world_size"]:
+        return
+    if "data" not in saved:
+        warn(f"{path}: saved before checkpoints recorded their shards' fingerprints: whether --data {data_dir} holds "
+             f"the same train shards is not checked")
+        return
+    changes = data_changes(saved["data"], current["data"])
+    if changes and reset_position:
+        warn(f"--data {data_dir}: the train shards changed since {path} was saved ({describe_changes(changes)}); "
+             f"--reset_data_position: training continues from the start of the next epoch")
+    elif changes:
+        raise CheckpointError(f"--data {data_dir}: the train shards changed since {path} was saved "
+                              f"({describe_changes(changes)}): its data position would point into other data; "
+                              f"restore them, or resume with --reset_data_position (from the next epoch's start)")
+
+
 def load(engine, path, load_optimizer_states=True):
     """Load a checkpoint into the engine; returns (client state, why this rank's RNG state was not restored
     or None). With load_optimizer_states False only the weights are taken (a weights-only restart, e.g. on
@@ -285,10 +309,20 @@ def read_weights(path):
     state = None
     if run["zero_stage"] > 0:
         try:
-            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+            with contextlib.redirect_stdout(sys.stderr):  # its progress prints: stdout is gpt-eval --json's
+                state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
         except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
             state = None
     if state is None:  # the module's own weights (16-bit in half-precision runs)
         state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-    state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+    if "transformer.wte.weight" in state:
+        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+    if config.n_embd % config.n_head:
+        raise CheckpointError(f"{path}: its {RUN_CONFIG} says n_head {config.n_head}, which does not divide its "
+                              f"n_embd {config.n_embd}")
+    wrong = state_dict_mismatch(state, config)
+    if wrong:  # run_config.json edited, or copied from another run: an export would describe other weights
+        raise CheckpointError(f"{path}: the weights do not fit its {RUN_CONFIG} (n_layer {config.n_layer}, n_embd "
+                              f"{config.n_embd}, block_size {config.block_size}, vocab_size {config.vocab_size}; "
+                              f"missing, extra or misshapen: {wrong})")
     return {k: v.float() for k, v in state.items()}, config

@@ -44,8 +44,9 @@ def model_source(args):
         weights = lambda: load_hf_weights(args.hf, config)  # noqa: E731
 
     def load(device):
+        state = weights()  # first: it refuses weights that do not fit the config before a model is built from it
         model = GPT(config)
-        model.load_state_dict(weights())
+        model.load_state_dict(state)
         return model.to(device).eval()
     return config, load
 

@@ -56,6 +56,7 @@ class Settings:
     keep_last: int
     keep_every: int
     resume: str | None
+    reset_data_position: bool
     init_from: str | None
     skip_loss_z: float
     skip_grad_z: float
@@ -119,6 +120,9 @@ def build_parser():
     p.add_argument("--keep_every", type=int, default=0, help="also keep every checkpoint whose step is a multiple of N")
     p.add_argument("--resume", default=None,
                    help="'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
+    p.add_argument("--reset_data_position", action="store_true",
+                   help="with --resume: continue from the start of the next epoch instead of the saved data position "
+                        "(which is refused when the train shards changed since the save)")
     p.add_argument("--init_from", default=None,
                    help="a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
     p.add_argument("--skip_loss_z", type=float, default=0.0,
@@ -265,6 +269,8 @@ def validate(settings, world_size, device_type="cpu"):
         grad_accum = gradient_accumulation(settings, world_size)
     except ConfigError as e:
         problems.append(str(e))
+    if settings.reset_data_position and not settings.resume:
+        problems.append("--reset_data_position applies to --resume, which is not given")
     if settings.init_from:
         from gpt.hf import InteropError, check_hf_matches
         try:

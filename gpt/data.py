@@ -5,7 +5,10 @@ Shard formats:
   then that many uint16 tokens. File names {name}_{val|train}_{%06d}.bin, shard 0 = val.
 - build-nanogpt `.npy`: a plain NumPy array of uint16 tokens (np.save), same naming.
 Shards are memory-mapped: opening one reads nothing, so moving to the next shard costs no visible time.
+A shard's identity is its size and a hash of a few sampled blocks (shard_fingerprint): checkpoints record it, so
+that a resume into shards rewritten since is refused instead of silently training on other data.
 """
+import hashlib
 import os
 import queue
 import threading
@@ -14,11 +17,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt.args import regular_file_problem
+
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 SCAN_CHUNK = 1 << 24  # tokens per read when checking a shard's token range
+FINGERPRINT_BLOCK = 1 << 20  # bytes per sampled block
+FINGERPRINT_BLOCKS = 5  # the first, the last and three between: 5 MiB of a 100M-token (200 MB) shard
 
 
 class DataError(ValueError):
@@ -98,7 +105,54 @@ def find_shards(data_dir, split):
     paths = sorted(p for p in data_dir.glob(f"*_{split}_*") if p.suffix in (".bin", ".npy"))
     if not paths:
         raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin or .npy)")
+    for path in paths:  # a FIFO would block the first read forever, a directory or a dangling link raise there
+        problem = regular_file_problem(path)
+        if problem:
+            raise DataError(problem.replace(", not a regular file", " named like a shard, not a shard file"))
+        if not path.stat().st_size:
+            raise DataError(f"{path}: an empty file (0 bytes), not a token shard")
     return paths
+
+
+def shard_fingerprint(path):
+    """{'bytes', 'sampled_sha256'}: the size, and a hash of FINGERPRINT_BLOCKS blocks spread evenly from the
+    first byte to the last (the whole file when it is smaller). Cheap, and sure to change when a shard is
+    rewritten from other text or tokenized anew; an edit that only touches bytes between the blocks goes unseen."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
+            digest.update(f.read())
+        else:
+            for k in range(FINGERPRINT_BLOCKS):
+                f.seek(k * (size - FINGERPRINT_BLOCK) // (FINGERPRINT_BLOCKS - 1))
+                digest.update(f.read(FINGERPRINT_BLOCK))
+    return {"bytes": size, "sampled_sha256": digest.hexdigest()}
+
+
+def fingerprints(paths):
+    """{shard file name: shard_fingerprint} of shards in one directory."""
+    return {Path(p).name: shard_fingerprint(p) for p in paths}
+
+
+def data_changes(saved, current):
+    """How the shards differ from when `saved` (fingerprints()) was taken: one phrase per shard, in name order."""
+    changes = []
+    for name in sorted(saved.keys() | current.keys()):
+        then, now = saved.get(name), current.get(name)
+        if now is None:
+            changes.append(f"{name} is gone")
+        elif then is None:
+            changes.append(f"{name} is new")
+        elif then["bytes"] != now["bytes"]:
+            changes.append(f"{name} has {now['bytes']:,} bytes, {then['bytes']:,} then")
+        elif then["sampled_sha256"] != now["sampled_sha256"]:
+            changes.append(f"{name} holds other tokens in the same {now['bytes']:,} bytes")
+    return changes
+
+
+def describe_changes(changes, most=3):
+    return "; ".join(changes[:most]) + (f"; and {len(changes) - most} more" if len(changes) > most else "")
 
 
 def check_shards(data_dir, vocab_size):
@@ -152,6 +206,7 @@ class ShuffledTokenLoader:
         self.prefetch, self.pin_memory = prefetch, pin_memory
         windows_per_batch = micro_batch * world_size
         self.windows = [(len(load_shard(p)) - 1) // seq_len for p in self.shards]
+        self.fingerprints = fingerprints(self.shards)
         self.batches_per_shard = [w // windows_per_batch for w in self.windows]
         if sum(self.batches_per_shard) == 0:
             raise DataError(f"{self.shards[0].parent}: no shard holds one global batch "
@@ -227,15 +282,20 @@ class ShuffledTokenLoader:
         return x, y
 
     def state_dict(self):
-        """The position of the next batch, plus what it is only valid with."""
+        """The position of the next batch, plus what it is only valid with: the shards' identities included."""
         return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "world_size": self.world_size,
-                "micro_batch": self.micro_batch, "seq_len": self.seq_len, "shards": [p.name for p in self.shards]}
+                "micro_batch": self.micro_batch, "seq_len": self.seq_len, "shards": [p.name for p in self.shards],
+                "fingerprints": self.fingerprints}
 
     def load_state_dict(self, state):
+        """Continue at a saved position. States saved before fingerprints were recorded are taken on the names."""
         mine = self.state_dict()
         for key in ("seed", "world_size", "micro_batch", "seq_len", "shards"):
             if state[key] != mine[key]:
                 raise DataError(f"loader state was saved with {key}={state[key]!r}, this run has {mine[key]!r}")
+        changes = data_changes(state.get("fingerprints", mine["fingerprints"]), mine["fingerprints"])
+        if changes:
+            raise DataError(f"the shards changed since the loader state was saved ({describe_changes(changes)})")
         self._halt()
         self.epoch, self.batch = state["epoch"], state["batch"]
         self._start()

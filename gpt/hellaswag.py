@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gpt.args import json_line
+from gpt.args import json_line, regular_file_problem
 from gpt.tokenizer import gpt2_tokenizer
 
 OFFICIAL_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -34,6 +34,16 @@ class Example:
     label: int
 
 
+def empty_problem(context, endings):
+    """Why an example with this context and these endings (text or tokens) cannot be scored, or None. Nothing to
+    score after (an empty context) or nothing to score (an empty ending) made the mean loss NaN, and argmin then
+    picked ending 0; official rows never have either, so such a row is a broken copy."""
+    if not len(context):
+        return "the context is empty: an ending is scored on the context before it"
+    empty = [i for i, ending in enumerate(endings) if not len(ending)]
+    return f"ending {empty[0]} is empty: there is nothing to score" if empty else None
+
+
 def parse_example(line, where):
     """(context, endings, label) of one official jsonl line, or an error naming where it is."""
     row = json_line(line, where, HellaSwagError)
@@ -47,6 +57,9 @@ def parse_example(line, where):
         raise HellaSwagError(f"{where}: 'ctx' must be a string, got {json.dumps(context)[:40]}")
     if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
         raise HellaSwagError(f"{where}: 'endings' must be a list of 4 strings, got {json.dumps(endings)[:40]}")
+    problem = empty_problem(context.strip(), [e.strip() for e in endings])
+    if problem:
+        raise HellaSwagError(f"{where}: {problem}")
     if isinstance(label, str) and label in ("0", "1", "2", "3"):  # some copies hold the label as a string
         label = int(label)
     if type(label) is not int or not 0 <= label <= 3:
@@ -102,6 +115,9 @@ def read_llmc_bin(path):
         if count != 4 or not 0 <= label < 4:
             raise HellaSwagError(f"{path}: example {index}: expected 4 endings and a label in 0..3, "
                                  f"found {count} and {label}")
+        problem = empty_problem(lists[0], lists[1:])
+        if problem:
+            raise HellaSwagError(f"{path}: example {index}: {problem}")
         examples.append(Example(lists[0], tuple(lists[1:]), label))
         position += size
     if not examples:
@@ -124,8 +140,8 @@ def load(path, cache_dir=None):
             cache.with_suffix(".tmp").rename(cache)
         path = cache
     path = Path(path)
-    if not path.is_file():
-        raise HellaSwagError(f"{path}: {'a directory, not a file' if path.is_dir() else 'file not found'}")
+    if not path.is_file():  # a FIFO would block the read: said, not opened
+        raise HellaSwagError(f"{path}: a directory, not a file" if path.is_dir() else regular_file_problem(path))
     return read_llmc_bin(path) if path.suffix == ".bin" else read_jsonl(path)
 
 

@@ -18,12 +18,14 @@ import torch
 
 from gpt.args import Parser, exit_if, out_dir_problem
 from gpt.checkpoint import COMPLETE, complete_tags, read_weights
-from gpt.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
+from gpt.model import GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
-MODEL_FILES = ("config.json", "model.safetensors")
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")  # what read_hf_config requires  # what an export writes, and --overwrite replaces
+MODEL_FILES = ("config.json", "model.safetensors")  # what an export writes, and --overwrite replaces
+# The position table is n_positions x n_embd and allocated whole: 2**20 rows of GPT-2 XL's 1600 are 6.7 GB in fp32.
+MAX_POSITIONS = 2**20
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")  # what read_hf_config requires
 
 
 class InteropError(ValueError):
@@ -94,6 +96,11 @@ def read_hf_config(directory):
     if bad:
         raise InteropError(f"{path}: {', '.join(bad)} must be positive whole numbers (got "
                            f"{', '.join(json.dumps(hf.get(k)) for k in bad)})")
+    if hf["n_embd"] % hf["n_head"]:
+        raise InteropError(f"{path}: n_embd {hf['n_embd']} is not divisible by n_head {hf['n_head']}")
+    if hf["n_positions"] > MAX_POSITIONS:
+        raise InteropError(f"{path}: n_positions {hf['n_positions']} is beyond any GPT-2 (at most {MAX_POSITIONS} "
+                           f"here; GPT-2's is 1024)")
     return hf
 
 
@@ -129,12 +136,10 @@ def load_hf_weights(directory, config):
         raise InteropError(f"{path}: unreadable GPT-2 weights ({type(e).__name__}: {str(e)[:200]})") from None
     if "transformer.wpe.weight" in state:  # n_positions may be larger than our block_size
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]
-    with torch.device("meta"):  # the shapes our model expects, without allocating it
-        expected = {k: v.shape for k, v in GPT(config).state_dict().items()}
-    wrong = sorted(set(expected) ^ set(state)) + [k for k in expected if k in state and state[k].shape != expected[k]]
+    wrong = state_dict_mismatch(state, config)
     if wrong:
         raise InteropError(f"{path}: does not hold GPT-2's parameters for this shape (missing, extra or misshapen: "
-                           f"{', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})")
+                           f"{wrong})")
     return state
 
 

@@ -149,3 +149,12 @@ class GPT(nn.Module):
         # log-softmax + NLL in fp32 whatever the compute dtype: fp16/bf16 lose too much over 50k classes
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+
+def state_dict_mismatch(state, config):
+    """The parameters a GPT of `config` lacks in `state`, `state` has beyond it, or shapes otherwise (the first
+    three named, ', ...' for more), or None when every one fits. Built on the meta device: nothing allocated."""
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in GPT(config).state_dict().items()}
+    wrong = sorted(set(expected) ^ set(state)) + [k for k in expected if k in state and state[k].shape != expected[k]]
+    return ", ".join(wrong[:3]) + (", ..." if len(wrong) > 3 else "") if wrong else None

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gpt.args import Parser, exit_if, json_line, out_dir_problem, range_problems
+from gpt.args import Parser, exit_if, json_line, out_dir_problem, range_problems, regular_file_problem
 from gpt.data import HEADER_BYTES, DataError, shard_name, write_shard
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -118,6 +118,8 @@ def input_files(patterns):
                 raise DataError(f"{pattern}: file not found")
             if Path(pattern).is_dir():
                 raise DataError(f"{pattern}: a directory; give its files, e.g. '{Path(pattern) / '*.jsonl'}'")
+            if regular_file_problem(pattern):  # a FIFO: each file is read twice (checked, then tokenized)
+                raise DataError(regular_file_problem(pattern))
         matches = [p for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
         if not matches:
             raise DataError(f"no files match {pattern}")
@@ -266,6 +268,39 @@ def tokenized(documents, workers):
             yield pending.popleft().result()
 
 
+# What a progress file holds: key -> (the types its value may have, how the problem reads)
+PROGRESS_KEYS = {"settings": (dict, "an object"), "shards": (list, "a list"), "documents": (int, "a whole number"),
+                 "carry": (int, "a whole number"), "complete": (bool, "true or false")}
+
+
+def read_progress(path):
+    """A progress file as ShardWriter wrote it, or a DataError saying how it is damaged (cut short by a full disk,
+    edited by hand): the shards beside it cannot be trusted to continue from."""
+    def damaged(problem):
+        return DataError(f"{path}: damaged progress file ({problem}): prepare into another --out_dir, or delete the "
+                         f"shards beside it and this file")
+    if regular_file_problem(path):
+        raise DataError(regular_file_problem(path))
+    data = Path(path).read_bytes()
+    try:
+        progress = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise damaged(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise damaged(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(progress, dict):
+        raise damaged(f"{JSON_TYPES.get(type(progress))}, not an object")
+    for key, (types, kind) in PROGRESS_KEYS.items():
+        if key not in progress:
+            raise damaged(f"no '{key}'")
+        value = progress[key]
+        if not isinstance(value, types) or (types is int and (isinstance(value, bool) or value < 0)):
+            raise damaged(f"'{key}' is {json.dumps(value)[:40]}, not {kind}")
+    if not all(isinstance(name, str) and Path(name).name == name for name in progress["shards"]):
+        raise damaged("'shards' must list file names")
+    return progress
+
+
 class ShardWriter:
     """Fills shard-sized buffers from a stream of documents and records, after every completed shard,
     how far into the document stream it got, so that an interrupted run resumes without redoing shards."""
@@ -275,7 +310,7 @@ class ShardWriter:
         self.progress_path = self.out_dir / f"{name}_prepare.json"
         self.progress = {"settings": settings, "shards": [], "documents": 0, "carry": 0, "complete": False}
         if self.progress_path.exists():
-            saved = json.loads(self.progress_path.read_text())
+            saved = read_progress(self.progress_path)
             if saved["settings"] != settings:
                 raise DataError(f"{self.progress_path}: {out_dir} was prepared with other settings "
                                 f"{saved['settings']}; use another --out_dir or delete it")

@@ -12,7 +12,7 @@ import torch
 from gpt import checkpoint, dist, hardware, hellaswag, memory
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, Settings, gradient_accumulation, number_problems, resolve_defaults, validate
-from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards
+from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, fingerprints
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
@@ -85,9 +85,11 @@ def fail(message, code=2, every_rank=False):
 
 
 def run_config_of(settings, ds_config, model_config, world_size):
-    """What a checkpoint records about the run that wrote it."""
+    """What a checkpoint records about the run that wrote it; the train shards' fingerprints let the next
+    resume see, before launch, whether its data position still points into the same tokens."""
     return {"model": asdict(model_config), "precision": precision(ds_config),
-            "zero_stage": zero_stage(ds_config), "world_size": world_size, "args": settings.recorded()}
+            "zero_stage": zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
+            "data": fingerprints(find_shards(settings.data, "train"))}
 
 
 def setup(settings):
@@ -120,6 +122,7 @@ def setup(settings):
         run_config = run_config_of(settings, ds_config, model_config, world_size)
         if resume_from is not None:
             checkpoint.check_compatible(resume_from, saved, run_config)
+            checkpoint.check_same_data(resume_from, saved, run_config, settings.data, settings.reset_data_position)
             checkpoint.check_resume_target(resume_from, settings.out_dir)
         examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
     except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
@@ -220,24 +223,35 @@ def resume(run, path):
         checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(run.settings.out_dir))
     step = state["step"] + 1
     if exact:
-        try:
-            run.train_loader.load_state_dict(state["loader"])
-        except DataError as e:  # other shards under --data than the checkpoint's run read
-            raise checkpoint.CheckpointError(f"{path}: cannot resume the data position: {e}") from None
+        if run.settings.reset_data_position:
+            position = f"data from the start of epoch {restart_data(run.train_loader, state['loader'])} " \
+                       f"(--reset_data_position)"
+        else:
+            try:
+                run.train_loader.load_state_dict(state["loader"])
+            except DataError as e:  # other shards under --data than the checkpoint's run read
+                raise checkpoint.CheckpointError(f"{path}: cannot resume the data position: {e}") from None
+            position = "data position"
         if rng_problem:
             say(f"warning: [rank {run.engine.global_rank}] {path}: {rng_problem}: this rank's random state was not "
                 f"restored, so the run will not repeat an uninterrupted one exactly", sys.stderr)
         every_rng = dist.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=run.device)).item() == 1.0
-        print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, data position and "
+        print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, {position} and "
                + ("RNG" if every_rng else "not the RNG of every rank (see the warning)"))
     else:
         run.engine.lr_scheduler.last_epoch = step - 1
         run.engine.lr_scheduler.step()  # the schedule's value at `step`
-        run.train_loader.load_state_dict({**run.train_loader.state_dict(), "epoch": state["loader"]["epoch"] + 1,
-                                          "batch": 0})
+        epoch = restart_data(run.train_loader, state["loader"])
         print0(f"resumed from {path} at step {step} with WEIGHTS ONLY: saved by {saved_world} rank(s), now "
-               f"{run.world_size}; optimizer moments restart from zero, data from epoch {state['loader']['epoch'] + 1}")
+               f"{run.world_size}; optimizer moments restart from zero, data from epoch {epoch}")
     return step
+
+
+def restart_data(loader, saved):
+    """Put the loader at the start of the epoch after the saved one (whatever shards and batch shape it has now);
+    returns that epoch."""
+    loader.load_state_dict({**loader.state_dict(), "epoch": saved["epoch"] + 1, "batch": 0})
+    return saved["epoch"] + 1
 
 
 def train_step(run):

@@ -1,8 +1,10 @@
 """Bad input to the trainer: one clear line per problem on stderr and exit status 2, before any worker starts,
 and nothing written. (The console scripts' table is tests/test_bad_input_scripts.py.)"""
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,6 +145,22 @@ def ds_file(tmp_path, content):
     path = tmp_path / "ds.json"
     (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
     return str(path)
+
+
+def with_bad_shard(tmp_path, make):
+    """shards() plus x_train_000001.bin made by make(path): a FIFO, a link, a directory, an empty file."""
+    data = shards(tmp_path, 5000, 5000)
+    make(tmp_path / "data" / "x_train_000001.bin")
+    return data
+
+
+def hf_dir(tmp_path, **changes):
+    """A Hugging Face config.json of the tiny model's shape, with these keys changed."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2,
+                                                             "n_embd": 64, "n_positions": 256, "vocab_size": 50257,
+                                                             **changes}))
+    return str(tmp_path / "hf")
 
 
 ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
@@ -297,6 +315,22 @@ TRAIN_CASES = [
     (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "cpu_offload": True})],
      "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
      "optimizer is untested here)"),
+    # shards that are not regular files: a FIFO used to block in the first read forever, the rest to raise
+    (lambda t: ["--data", with_bad_shard(t, os.mkfifo)],
+     "error: {tmp}/data/x_train_000001.bin: a FIFO (named pipe) named like a shard, not a shard file"),
+    (lambda t: ["--data", with_bad_shard(t, Path.mkdir)],
+     "error: {tmp}/data/x_train_000001.bin: a directory named like a shard, not a shard file"),
+    (lambda t: ["--data", with_bad_shard(t, lambda p: p.symlink_to(p.parent / "gone.bin"))],
+     "error: {tmp}/data/x_train_000001.bin: a symbolic link to {tmp}/data/gone.bin, which does not exist"),
+    (lambda t: ["--data", with_bad_shard(t, lambda p: p.symlink_to(p))],
+     "error: {tmp}/data/x_train_000001.bin: a symbolic link that loops (Too many levels of symbolic links)"),
+    (lambda t: ["--data", with_bad_shard(t, Path.touch)],
+     "error: {tmp}/data/x_train_000001.bin: an empty file (0 bytes), not a token shard"),
+    (["--reset_data_position"], "error: --reset_data_position applies to --resume, which is not given"),
+    (lambda t: ["--init_from", hf_dir(t, n_head=3)], "error: {tmp}/hf/config.json: n_embd 64 is not divisible by n_head 3"),
+    (lambda t: ["--init_from", hf_dir(t, n_positions=2**40)],
+     "error: {tmp}/hf/config.json: n_positions 1099511627776 is beyond any GPT-2 (at most 1048576 here; GPT-2's is "
+     "1024)"),
     (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
      'parameters themselves, which this trainer does not handle)'),

@@ -4,6 +4,10 @@ and the output directory). Each runs the script's main() in this process: fast, 
 escapes fails the case. (The trainer's own table is tests/test_bad_input.py.)"""
 import gzip
 import json
+import os
+import shutil
+import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,11 +45,19 @@ BAD_FILES = {
     "no_shards/readme.txt": "nothing here",
     "ds_twice.json": '{"zero_optimization": {"stage": 1, "stage": 2}}', "ds_latin1.json": b'{"x": "caf\xe9"}',
     "ds_bucket.json": json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": -1}}),
+    "hs_empty_ctx.jsonl": jsonl({**HELLASWAG, "ctx": ""}),
+    "hs_empty_ending.jsonl": jsonl({**HELLASWAG, "endings": ["He eats.", "He runs.", " ", "He sleeps."]}),
+    "hf_bad_heads/config.json": json.dumps({**HF_CONFIG, "n_head": 3}),
+    "hf_huge_positions/config.json": json.dumps({**HF_CONFIG, "n_positions": 2**40}),
+    # gpt-prepare's progress file, damaged: cut short, not an object, not UTF-8, a key missing
+    "prep_cut/corpus_prepare.json": '{"settings": {"source": "files"}, "shards": [',
+    "prep_array/corpus_prepare.json": "[]", "prep_latin1/corpus_prepare.json": b'{"settings": "\xe9"}',
+    "prep_no_carry/corpus_prepare.json": json.dumps({"settings": {}, "shards": [], "documents": 0, "complete": False}),
 }
 
 
 @pytest.fixture(scope="module")
-def bad_files(tmp_path_factory):
+def bad_files(tmp_path_factory, trained_checkpoint):
     root = tmp_path_factory.mktemp("bad_files")
     for name, content in BAD_FILES.items():
         path = root / name
@@ -64,6 +76,21 @@ def bad_files(tmp_path_factory):
     write_shard(root / "wide_tokens" / "x_val_000000.bin", np.full(5000, 60000))  # ids beyond the vocabulary
     (root / "short_val").mkdir()
     write_shard(root / "short_val" / "x_val_000000.bin", np.arange(100))
+    for name, make in (("fifo_val", os.mkfifo), ("dir_val", Path.mkdir), ("empty_val", Path.touch)):
+        (root / name).mkdir()
+        make(root / name / "x_val_000000.bin")  # a FIFO used to block gpt-eval forever
+    os.mkfifo(root / "pipe.txt")
+    # llm.c's eval format (conftest.hellaswag_files): one example, label 0, 4 endings, the second empty
+    lists = [[10, 11], [12], [], [13], [14]]
+    fields = [0, 0, 4] + [x for tokens in lists for x in (len(tokens), *tokens)]
+    (root / "hs_empty_ending.bin").write_bytes(struct.pack("<256i", 20240522, 1, 1, *[0] * 253) + struct.pack(
+        f"<{len(fields) + 2}H", 65535, 2 * (len(fields) + 2), *fields))
+    for name, key, value in (("edited_layers", "n_layer", 3), ("edited_heads", "n_head", 3)):
+        shutil.copytree(trained_checkpoint, root / name)  # a run_config.json edited to other numbers of one digit:
+        config = root / name / "step_00000002" / "run_config.json"  # the same size, so not found damaged
+        run = json.loads(config.read_text())
+        run["model"][key] = value
+        config.write_text(json.dumps(run, indent=1))
     return root
 
 
@@ -112,6 +139,19 @@ CASES = [
      "error: {in}/few_docs.jsonl: all 30 document(s) (3,660 tokens) went to the validation split, which takes whole "
      "documents up to --val_tokens 100,000,000: nothing is left to train on; give more documents or a lower --val_tokens"),
     ("gpt-prepare", "hub {in}/no_such_dataset --out_dir {out}", "error: dataset '{in}/no_such_dataset' not found: ..."),
+    ("gpt-prepare", "files {in}/pipe.txt --out_dir {out}", "error: {in}/pipe.txt: a FIFO (named pipe), not a regular file"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/prep_cut",
+     "error: {in}/prep_cut/corpus_prepare.json: damaged progress file (invalid JSON: Expecting value at line 1 column "
+     "46): prepare into another --out_dir, or delete the shards beside it and this file"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/prep_array",
+     "error: {in}/prep_array/corpus_prepare.json: damaged progress file (an array, not an object): prepare into "
+     "another --out_dir, or delete the shards beside it and this file"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/prep_latin1",
+     "error: {in}/prep_latin1/corpus_prepare.json: damaged progress file (not UTF-8 text: byte 0xe9 at offset 14): "
+     "prepare into another --out_dir, or delete the shards beside it and this file"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/prep_no_carry",
+     "error: {in}/prep_no_carry/corpus_prepare.json: damaged progress file (no 'carry'): prepare into another "
+     "--out_dir, or delete the shards beside it and this file"),
     # gpt-prepare: flags and the output directory
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 0", "error: --shard_tokens 0 must be a finite number >= 1"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 99999999999",
@@ -202,6 +242,28 @@ CASES = [
      "error: {in}/short_val/x_val_000000.bin: ..."),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/wide_tokens --seq_len 64",
      "error: {in}/wide_tokens/x_val_000000.bin: token 60000 at position 0 is >= the vocabulary size 50304"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/fifo_val --seq_len 64",
+     "error: {in}/fifo_val/x_val_000000.bin: a FIFO (named pipe) named like a shard, not a shard file"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/dir_val --seq_len 64",
+     "error: {in}/dir_val/x_val_000000.bin: a directory named like a shard, not a shard file"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {in}/empty_val --seq_len 64",
+     "error: {in}/empty_val/x_val_000000.bin: an empty file (0 bytes), not a token shard"),
+    ("gpt-eval", "--checkpoint {in}/edited_layers --data {data} --seq_len 64",
+     "error: {in}/edited_layers/step_00000002: the weights do not fit its run_config.json (n_layer 3, n_embd 64, "
+     "block_size 256, vocab_size 50304; missing, extra or misshapen: transformer.h.2.attn.c_attn.bias, "
+     "transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_proj.bias, ...)"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty_ctx.jsonl",
+     "error: {in}/hs_empty_ctx.jsonl:1: the context is empty: an ending is scored on the context before it"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty_ending.bin",
+     "error: {in}/hs_empty_ending.bin: example 0: ending 1 is empty: there is nothing to score"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/pipe.txt", "error: {in}/pipe.txt: a FIFO (named pipe), not a regular file"),
+    ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_empty_ending.jsonl",
+     "error: {in}/hs_empty_ending.jsonl:1: ending 2 is empty: there is nothing to score"),
+    ("gpt-eval", "--hf {in}/hf_bad_heads --data {data}",
+     "error: {in}/hf_bad_heads/config.json: n_embd 64 is not divisible by n_head 3"),
+    ("gpt-eval", "--hf {in}/hf_huge_positions --data {data}",
+     "error: {in}/hf_huge_positions/config.json: n_positions 1099511627776 is beyond any GPT-2 (at most 1048576 "
+     "here; GPT-2's is 1024)"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/missing.jsonl", "error: {in}/missing.jsonl: file not found"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}", "error: {in}: a directory, not a file"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_string_endings.jsonl",
@@ -250,6 +312,16 @@ CASES = [
     ("gpt-export", "{ckpt} --out_dir {in}/hf_bad_weights",
      "error: --out_dir {in}/hf_bad_weights already holds config.json, model.safetensors: give --overwrite to replace "
      "them, or another --out_dir"),
+    ("gpt-export", "{in}/edited_layers --out_dir {out}",
+     "error: {in}/edited_layers/step_00000002: the weights do not fit its run_config.json (n_layer 3, n_embd 64, "
+     "block_size 256, vocab_size 50304; missing, extra or misshapen: transformer.h.2.attn.c_attn.bias, "
+     "transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_proj.bias, ...)"),
+    ("gpt-export", "{in}/edited_heads --out_dir {out}",
+     "error: {in}/edited_heads/step_00000002: its run_config.json says n_head 3, which does not divide its "
+     "n_embd 64"),
+    ("gpt-sample", "--checkpoint {in}/edited_heads",
+     "error: {in}/edited_heads/step_00000002: its run_config.json says n_head 3, which does not divide its "
+     "n_embd 64"),
     ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
     ("gpt-export", "{ckpt} --out_dir=", "error: --out_dir is empty: name a directory"),
 ]
@@ -293,3 +365,17 @@ def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, tmp_path,
     first = (exported / "model.safetensors").stat().st_mtime_ns
     hf.main([str(trained_checkpoint), "--out_dir", str(exported), "--overwrite"])
     assert (exported / "model.safetensors").stat().st_mtime_ns > first and not list(exported.glob("*.tmp"))
+
+
+def test_gpt_export_auto_is_a_path(trained_checkpoint, tmp_path, monkeypatch, capsys):
+    """'auto' names the newest checkpoint of a run's out_dir only to the trainer's --resume; gpt-export (like gpt-eval
+    and gpt-sample) has no run's out_dir, so there it is a path like any other (it used to raise a TypeError)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "auto").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        hf.main(["auto", "--out_dir", "hf"])
+    assert exit_info.value.code == "error: auto: no complete checkpoint found" and not (tmp_path / "hf").exists()
+    (tmp_path / "auto").rmdir()
+    shutil.copytree(trained_checkpoint, tmp_path / "auto")
+    hf.main(["auto", "--out_dir", "hf"])
+    assert capsys.readouterr().out.startswith("exported auto -> hf") and (tmp_path / "hf" / "config.json").is_file()

@@ -86,3 +86,17 @@ def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):
     assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line.lower() or "Traceback" in line] == [
         "error: --device cuda: torch sees no CUDA GPU here; use --device auto or cpu"]
+
+
+@pytest.mark.slow
+def test_gpt_eval_json_in_a_plain_shell_prints_only_json(trained_checkpoint, shakespeare_dir, hellaswag_files):
+    """As a user runs it (DeepSpeed picking its accelerator and logging as it likes): stdout is one JSON object,
+    whatever the logs and the progress bar write (to stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "gpt.cli", "eval", "--checkpoint", str(trained_checkpoint), "--data",
+                           str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "512", "--hellaswag",
+                           str(hellaswag_files / "hellaswag_val.jsonl"), "--limit", "4", "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=plain_shell_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout)
+    assert {"device", "precision", "val_loss", "hellaswag_acc_norm"} <= results.keys()
+    assert results["hellaswag_examples"] == 4
