@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pydantic
 
+from gpt.args import regular_file_problem
+
 # Top-level keys DeepSpeed 0.19 reads (its runtime constants, and the sections with a parser of their own);
 # DeepSpeed itself ignores any other key silently, so a misspelled `zero_optimisation` would run ZeRO 0.
 DEEPSPEED_SECTIONS = {"zero_optimization", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb",
@@ -94,8 +96,10 @@ def load(path):
     path = Path(path)
     if path.is_dir():
         raise DeepSpeedConfigError(f"{path}: a directory, not a DeepSpeed JSON file")
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise DeepSpeedConfigError(f"{path}: DeepSpeed config not found")
+    if regular_file_problem(path):  # a FIFO would block the read below; a dangling link, say where it points
+        raise DeepSpeedConfigError(regular_file_problem(path))
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")

@@ -316,6 +316,10 @@ TRAIN_CASES = [
      "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
      "optimizer is untested here)"),
     # shards that are not regular files: a FIFO used to block in the first read forever, the rest to raise
+    (lambda t: os.mkfifo(t / "ds.json") or ["--ds_config", str(t / "ds.json")],
+     "error: {tmp}/ds.json: a FIFO (named pipe), not a regular file"),
+    (lambda t: (t / "ds.json").symlink_to(t / "gone.json") or ["--ds_config", str(t / "ds.json")],
+     "error: {tmp}/ds.json: a symbolic link to {tmp}/gone.json, which does not exist"),
     (lambda t: ["--data", with_bad_shard(t, os.mkfifo)],
      "error: {tmp}/data/x_train_000001.bin: a FIFO (named pipe) named like a shard, not a shard file"),
     (lambda t: ["--data", with_bad_shard(t, Path.mkdir)],
