@@ -1,0 +1,72 @@
+"""One run per --out_dir at a time (gpt/run_lock.py): a second run beside a live one, fresh or resumed, is
+refused with one line naming the holder; a dead run's lock file blocks nothing."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY, free_port, train
+from gpt import run_lock
+
+LONG_RUN = [*TINY, "--max_steps", "500", "--total_batch_tokens", "512", "--save_every", "0"]
+
+
+def start_holder(cmd, out):
+    """A run that holds out's lock: started, and read until its step 1 (it has the lock by then)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("step     1 |"):
+            return proc
+    raise AssertionError(f"the holder ended before step 1 ({proc.wait()})")
+
+
+def refusal_line(out):
+    record = json.loads((out / run_lock.LOCK_FILE).read_text())
+    return (f"error: --out_dir {out}: another run is using it: pid {record['pid']} on {record['host']} (since "
+            f"{record['since']}); wait for it to end, or use another --out_dir")
+
+
+@pytest.mark.slow
+def test_a_second_run_beside_a_live_one_is_refused_and_a_dead_ones_lock_blocks_nothing(tmp_path, shakespeare_dir):
+    out = tmp_path / "out"
+    holder = start_holder([sys.executable, "train_ds.py", *LONG_RUN, "--data", str(shakespeare_dir), "--out_dir",
+                           str(out)], out)
+    try:
+        record = json.loads((out / run_lock.LOCK_FILE).read_text())
+        assert (record["pid"], record["host"]) == (holder.pid, socket.gethostname())
+        for resume in ([], ["--resume", "auto"]):
+            _, proc = train(out, shakespeare_dir, *TINY, "--max_steps", "2", *resume, check=False)
+            assert (proc.returncode, proc.stderr) == (2, refusal_line(out) + "\n")
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # as the OOM killer would: no chance to clean up
+        holder.wait()
+    assert (out / run_lock.LOCK_FILE).exists()
+    _, proc = train(out, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--resume", "auto")
+    assert "fresh start" in proc.stdout  # the killed run saved nothing
+    assert json.loads((out / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()  # this process held it
+
+
+@pytest.mark.slow
+def test_two_concurrent_two_rank_launches(tmp_path, shakespeare_dir):
+    """Two `deepspeed --num_gpus 2` launches into one --out_dir: the second one's ranks all end at once, exit 2,
+    the refusal said once; the first trains on."""
+    out = tmp_path / "out"
+
+    def launch():
+        return ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py", *LONG_RUN,
+                "--data", str(shakespeare_dir), "--out_dir", str(out)]
+    holder = start_holder(launch(), out)
+    try:
+        proc = subprocess.run(launch(), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+        assert [line for line in proc.stderr.splitlines() if "error:" in line] == [refusal_line(out)]
+        assert holder.poll() is None
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
