@@ -70,3 +70,22 @@ def test_two_concurrent_two_rank_launches(tmp_path, shakespeare_dir):
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
+
+
+def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
+    """Two fresh runs that both checked an empty out_dir before either took the lock: the one that takes it
+    second finds the first one's files (or the first one still holding it), and is refused."""
+    from types import SimpleNamespace
+
+    from gpt import checkpoint
+    from gpt.trainer import lock_out_dir
+    settings = SimpleNamespace(out_dir=str(tmp_path / "out"), resume=None)
+    first, refusal = lock_out_dir(settings, None)
+    assert refusal is None
+    (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
+    lock, refusal = lock_out_dir(settings, None)
+    assert lock is None and isinstance(refusal, run_lock.RunLocked)
+    first.close()  # the first run ended
+    lock, refusal = lock_out_dir(settings, None)
+    assert lock is None and isinstance(refusal, checkpoint.CheckpointError) and "holds an earlier run" in str(refusal)
+    run_lock.acquire(settings.out_dir).close()  # the refused run let go of the lock
