@@ -52,6 +52,36 @@ def test_a_second_run_beside_a_live_one_is_refused_and_a_dead_ones_lock_blocks_n
 
 
 @pytest.mark.slow
+def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, shakespeare_dir):
+    """Rank 0 alone takes the lock, after the other ranks passed every check (tests/lock_race.py), on two
+    nodes (two launchers of one rank each, as tests/test_multinode.py runs them): node 1's launcher is not
+    killed with node 0's, so its rank ends by itself, at once, rather than at the collective timeout (120 s
+    here). Both exit 2, the refusal said once."""
+    out = tmp_path / "out"
+    (tmp_path / "hostfile").write_text("node0 slots=1\nnode1 slots=1\n")
+    port = free_port()
+    held = run_lock.acquire(out)
+    try:
+        nodes = [subprocess.Popen(
+            ["deepspeed", "--hostfile", str(tmp_path / "hostfile"), "--master_port", str(port), "--no_ssh",
+             "--node_rank", str(node), "--master_addr", "127.0.0.1", "tests/lock_race.py", *LONG_RUN,
+             "--collective_timeout", "120", "--data", str(shakespeare_dir), "--out_dir", str(out)], cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True) for node in (0, 1)]
+        try:
+            results = [(node.wait(timeout=90), *node.communicate()) for node in nodes]
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    os.killpg(node.pid, signal.SIGKILL)
+    finally:
+        held.close()
+    assert [code for code, _, _ in results] == [2, 2], results[0][2][-2000:] + results[1][2][-2000:]
+    errors = [line for _, _, err in results for line in err.splitlines() if "error:" in line]
+    assert errors == [refusal_line(out)] and not any("Traceback" in out + err for _, out, err in results)
+
+
+@pytest.mark.slow
 def test_two_concurrent_two_rank_launches(tmp_path, shakespeare_dir):
     """Two `deepspeed --num_gpus 2` launches into one --out_dir: the second one's ranks all end at once, exit 2,
     the refusal said once; the first trains on."""
