@@ -68,3 +68,18 @@ def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refus
     assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out}: no space left on the device: "
                                                  f"{megabytes(free)} free, a checkpoint like step_00000001 needs "
                                                  f"{megabytes(needed)}\n")
+
+
+def test_write_problems_are_told_apart(tmp_path):
+    """errno where the error has one; free space where it has none (a C++ stream's RuntimeError); None (the
+    error shown whole) where the disk is not why."""
+    import errno
+
+    from gpt.disk import write_problem
+    path = tmp_path / "step_00000003"
+    assert write_problem(path, OSError(errno.ENOSPC, "No space left on device")) == \
+        f"{path}: no space left on the device"
+    assert write_problem(path, OSError(errno.EROFS, "Read-only file system")) == \
+        f"{path}: not writable (Read-only file system)"
+    assert write_problem(path, RuntimeError("basic_ios::clear: iostream error")) is None  # this disk has room
+    assert write_problem(path, OSError(errno.ENOENT, "No such file or directory")) is None
