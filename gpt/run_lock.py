@@ -8,8 +8,11 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
+
+from gpt.metrics import say
 
 LOCK_FILE = "run.lock"
 
@@ -63,6 +66,8 @@ def check_unlocked(out_dir, tries=10):
             return
         except BlockingIOError:
             pass
+        except OSError:
+            return  # a file system without locks: acquire() says so
     for _ in range(tries if this_launch() else 0):
         if record_of(path).get("launch") == this_launch():
             return
@@ -86,6 +91,10 @@ def acquire(out_dir, tries=5):
                 lock.close()
                 raise refusal(out_dir, path) from None
             time.sleep(0.1)
+        except OSError as e:  # e.g. Lustre mounted without -o flock: train, unguarded, rather than not at all
+            say(f"warning: {path}: this file system has no file locks ({e.strerror}): a second run into --out_dir "
+                f"{out_dir} would not be stopped", sys.stderr)
+            break
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "launch": this_launch()}
     try:

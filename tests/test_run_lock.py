@@ -119,3 +119,16 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     lock, refusal = lock_out_dir(settings, None)
     assert lock is None and isinstance(refusal, checkpoint.CheckpointError) and "holds an earlier run" in str(refusal)
     run_lock.acquire(settings.out_dir).close()  # the refused run let go of the lock
+
+
+def test_a_file_system_without_locks_is_said_and_trains_unguarded(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def no_locks(file, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
+    out = tmp_path / "out"
+    run_lock.acquire(out).close()
+    run_lock.check_unlocked(out)  # nothing to refuse on
+    assert capsys.readouterr().err == (f"warning: {out / run_lock.LOCK_FILE}: this file system has no file locks (No "
+                                       f"locks available): a second run into --out_dir {out} would not be stopped\n")
