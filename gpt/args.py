@@ -37,12 +37,16 @@ def range_problems(args, ranges):
 
 
 def out_dir_problem(flag, out_dir):
-    """Why `out_dir` cannot be made or written (empty, a file, or a file or unwritable directory in its way), or
-    None. Give it the flag's string: Path("") would be the working directory."""
+    """Why `out_dir` cannot be made or written (empty, a file, or a file, a dangling symbolic link or an unwritable
+    directory in its way), or None. Give it the flag's string: Path("") would be the working directory."""
     if not str(out_dir).strip():
         return f"{flag} is empty: name a directory"
     out_dir = Path(out_dir)
     existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    dangling = next((p for p in (out_dir, *out_dir.absolute().parents) if p.is_symlink() and not p.exists()), None)
+    if dangling is not None:  # mkdir would fail on it with a FileExistsError
+        return f"{flag} {out_dir}" + ("" if dangling == out_dir else f": {dangling}") + \
+            f" is a symbolic link to {os.readlink(dangling)}, which does not exist"
     if not existing.is_dir():
         return f"{flag} {out_dir}" + (" is a file" if existing == out_dir else f": {existing} is a file") + \
             ", not a directory"

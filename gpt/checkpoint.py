@@ -25,6 +25,7 @@ import torch
 from gpt import dist
 from gpt.args import out_dir_problem
 from gpt.data import data_changes, describe_changes
+from gpt.disk import NEARLY_FULL, nearest_existing, space_problem
 from gpt.metrics import say
 from gpt.model import GPTConfig, state_dict_mismatch
 
@@ -192,6 +193,20 @@ def check_resume_target(resume_from, out_dir):
                               f"that this run would overwrite: resume it into another --out_dir")
 
 
+def saved_step(path):
+    """The step after which a complete checkpoint was saved."""
+    return json.loads((Path(path) / COMPLETE).read_text())["step"]
+
+
+def check_steps_left(resume_from, max_steps):
+    """A resume with nothing left to train would print 'resumed', train nothing and exit 0."""
+    step = saved_step(resume_from)
+    if max_steps <= step + 1:
+        raise CheckpointError(f"--max_steps {max_steps}: nothing left to train: {resume_from} was saved after step "
+                              f"{step}, and --max_steps {max_steps} ends after step {max_steps - 1}; raise --max_steps "
+                              f"to train on")
+
+
 def set_aside_damaged(ckpt_dir):
     """Rename each damaged complete checkpoint to <tag>.damaged (kept for inspection, never loaded, never
     pruned), so the run's own saves neither collide with it nor get pruned in its favour. Rank 0 only."""
@@ -206,8 +221,32 @@ def set_aside_damaged(ckpt_dir):
 
 
 def check_writable(out_dir):
-    """--out_dir can be made and written: its nearest existing ancestor is a writable directory."""
+    """--out_dir and its checkpoints/ can be made and written (the nearest existing ancestor of each is a
+    writable directory: a read-only checkpoints/ would fail only at the first save), and --out_dir is not
+    itself a run's checkpoints/ directory or one of its checkpoints (the run would mix its files into them)."""
     problem = out_dir_problem("--out_dir", out_dir)
+    if problem:
+        raise CheckpointError(problem)
+    out_dir = Path(out_dir)
+    if (out_dir / COMPLETE).exists() or (out_dir / RUN_CONFIG).exists():
+        raise CheckpointError(f"--out_dir {out_dir} is a checkpoint of the run in {out_dir.parent.parent}: to "
+                              f"continue that run, use --out_dir {out_dir.parent.parent} --resume auto")
+    if (out_dir / LATEST).is_file() or any(TAG_PATTERN.match(p.name) for p in out_dir.glob("step_*")):
+        raise CheckpointError(f"--out_dir {out_dir} is the checkpoints directory of the run in {out_dir.parent}: to "
+                              f"continue that run, use --out_dir {out_dir.parent} --resume auto")
+    ckpt_dir = nearest_existing(checkpoint_dir(out_dir))
+    if ckpt_dir.is_dir() and not os.access(ckpt_dir, os.W_OK | os.X_OK):
+        raise CheckpointError(f"--out_dir {out_dir}: {ckpt_dir} is not writable")
+
+
+def check_space(out_dir, resume_from):
+    """Room on the disk for the run's next checkpoint: as large as the one resumed from (the older ones are
+    pruned only after it is complete); for a fresh run, the size is unknown: a disk not already full."""
+    if resume_from is not None:
+        needed, what = sum(file_sizes(resume_from).values()), f"a checkpoint like {Path(resume_from).name}"
+    else:
+        needed, what = NEARLY_FULL, "a run"
+    problem = space_problem("--out_dir", out_dir, needed, what)
     if problem:
         raise CheckpointError(problem)
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from gpt import checkpoint, dist, hardware, hellaswag, memory
+from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, Settings, gradient_accumulation, number_problems, resolve_defaults, validate
 from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, fingerprints
+from gpt.disk import write_problem
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
@@ -20,6 +21,7 @@ from gpt.hf import InteropError, load_hf_weights
 from gpt.loss import model_with_loss
 from gpt.metrics import MetricsLogger, peak_flops, say
 from gpt.model import GPT, GPTConfig
+from gpt.optim import lr_at
 from gpt.plan import resolve_auto_micro_batch
 from gpt.probe import dividing_sizes, probe_micro_batch
 from gpt.profiling import step_profiler
@@ -42,6 +44,7 @@ class Setup:
     resume_from: Path | None
     hellaswag_examples: list
     auto_plan: dict | None = None  # --micro_batch auto's plan, which probe() checks on a GPU
+    lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/run_lock.py)
 
 
 @dataclass
@@ -66,6 +69,10 @@ class Run:
 
 class StopTraining(Exception):
     """The run cannot continue; the message says why."""
+
+
+class DiskProblem(StopTraining):
+    """A write failed on a full or read-only disk: on this rank, maybe not on the others."""
 
 
 def print0(text):
@@ -100,14 +107,17 @@ def setup(settings):
     if device_type == "cuda":
         print0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
+        checkpoint.check_writable(settings.out_dir)
+        run_lock.check_unlocked(settings.out_dir)
+        if not settings.resume:
+            checkpoint.check_fresh_out_dir(settings.out_dir)  # again under the lock, below: this one writes nothing
+        resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
+        saved = checkpoint.read_run_config(resume_from) if resume_from else None
+        if saved and settings.warmup_steps is None:  # the default depends on --max_steps, which a resume may raise
+            settings = replace(settings, warmup_steps=saved["args"]["warmup_steps"])
         settings, notes = resolve_defaults(settings, device_type)
         for note in notes:
             print0(note)
-        checkpoint.check_writable(settings.out_dir)
-        if not settings.resume:
-            checkpoint.check_fresh_out_dir(settings.out_dir)
-        resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
-        saved = checkpoint.read_run_config(resume_from) if resume_from else None
         auto_plan = None
         if settings.micro_batch == "auto" and saved and saved["world_size"] == world_size:
             settings = replace(settings, micro_batch=saved["args"]["micro_batch"])  # the data order depends on it
@@ -124,9 +134,14 @@ def setup(settings):
             checkpoint.check_compatible(resume_from, saved, run_config)
             checkpoint.check_same_data(resume_from, saved, run_config, settings.data, settings.reset_data_position)
             checkpoint.check_resume_target(resume_from, settings.out_dir)
+            checkpoint.check_steps_left(resume_from, settings.max_steps)
+        checkpoint.check_space(settings.out_dir, resume_from)
         examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
-    except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError) as e:
+    except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError, run_lock.RunLocked) as e:
         fail(e)
+    lock, refusal = lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
+    if refusal and dist.launched_world_size() == 1:
+        fail(refusal)
     if device_type == "cuda":
         arch_note = hardware.fix_cuda_arch_list()  # every rank, before DeepSpeed JIT-builds FusedAdam
         if arch_note:
@@ -139,10 +154,34 @@ def setup(settings):
         hardware.make_deterministic(device_type)
     device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16",
                                     timeout_s=settings.collective_timeout)
+    if dist.launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
+        if dist.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
+            fail(refusal or "refused by rank 0")
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
                  device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples,
-                 auto_plan=auto_plan)
+                 auto_plan=auto_plan, lock=lock)
+
+
+def lock_out_dir(settings, resume_from):
+    """Rank 0 takes out_dir's run lock (gpt/run_lock.py), then checks again, under it, that out_dir holds
+    nothing this run would overwrite: a run that checked before another took the lock may find it written to
+    now. Returns (the lock or None, why this run is refused or None); other ranks take nothing."""
+    if dist.launched_rank() != 0:
+        return None, None
+    try:
+        lock = run_lock.acquire(settings.out_dir)
+    except run_lock.RunLocked as e:
+        return None, e
+    try:
+        if not settings.resume:
+            checkpoint.check_fresh_out_dir(settings.out_dir)
+        elif resume_from is not None:
+            checkpoint.check_resume_target(resume_from, settings.out_dir)
+    except checkpoint.CheckpointError as e:
+        lock.close()
+        return None, e
+    return lock, None
 
 
 def new_model(setup):
@@ -216,7 +255,8 @@ def resume(run, path):
             print0(f"--resume {run.settings.resume}: no checkpoint in "
                    f"{checkpoint.checkpoint_dir(run.settings.out_dir)}; fresh start")
         return 0
-    saved_world = checkpoint.read_run_config(path)["world_size"]
+    saved = checkpoint.read_run_config(path)
+    saved_world = saved["world_size"]
     exact = saved_world == run.world_size
     state, rng_problem = checkpoint.load(run.engine, path, load_optimizer_states=exact)
     if run.engine.global_rank == 0:
@@ -238,9 +278,9 @@ def resume(run, path):
         every_rng = dist.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=run.device)).item() == 1.0
         print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, {position} and "
                + ("RNG" if every_rng else "not the RNG of every rank (see the warning)"))
+        schedule_changes(run, saved["args"], run.engine.lr_scheduler.last_epoch)
     else:
-        run.engine.lr_scheduler.last_epoch = step - 1
-        run.engine.lr_scheduler.step()  # the schedule's value at `step`
+        set_schedule_position(run, step)
         epoch = restart_data(run.train_loader, state["loader"])
         print0(f"resumed from {path} at step {step} with WEIGHTS ONLY: saved by {saved_world} rank(s), now "
                f"{run.world_size}; optimizer moments restart from zero, data from epoch {epoch}")
@@ -252,6 +292,32 @@ def restart_data(loader, saved):
     returns that epoch."""
     loader.load_state_dict({**loader.state_dict(), "epoch": saved["epoch"] + 1, "batch": 0})
     return saved["epoch"] + 1
+
+
+SCHEDULE_FLAGS = ("lr", "warmup_steps", "max_steps", "min_lr_ratio")
+
+
+def set_schedule_position(run, position):
+    """The lr schedule of this run's flags, at `position` (its count of updates taken)."""
+    scheduler = run.engine.lr_scheduler
+    scheduler.base_lrs = [run.settings.lr] * len(scheduler.base_lrs)  # a loaded state brings the saved --lr
+    scheduler.last_epoch = position - 1
+    scheduler.step()
+
+
+def schedule_changes(run, saved_args, position):
+    """A resume whose schedule flags differ from the checkpoint's run follows the new flags from here on: the
+    schedule is a function of (step, --max_steps, ...), so --max_steps 20 after 10 stretches the rest of the
+    cosine to end at step 20, instead of keeping the saved lr for one step and then jumping. Said in one line.
+    `position`: the loaded scheduler's count of updates (behind the step by the updates skipped)."""
+    changed = [f"--{flag} {getattr(run.settings, flag)} (the checkpoint's run had {saved_args[flag]})"
+               for flag in SCHEDULE_FLAGS if saved_args[flag] != getattr(run.settings, flag)]
+    if not changed:
+        return
+    set_schedule_position(run, position)
+    was = lr_at(position, *(saved_args[flag] for flag in SCHEDULE_FLAGS))
+    print0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on, its cosine decay ending at "
+           f"step {run.settings.max_steps}; lr at step {position} is {run.engine.get_lr()[0]:.4g} (was {was:.4g})")
 
 
 def train_step(run):
@@ -312,8 +378,14 @@ def save(run, step):
     client_state = {"step": step, "tokens": (step + 1) * settings.total_batch_tokens,
                     "loader": run.train_loader.state_dict()}
     start = time.perf_counter()
-    path = checkpoint.save(run.engine, settings.out_dir, step, client_state, run.run_config, settings.keep_last,
-                           settings.keep_every)
+    try:
+        path = checkpoint.save(run.engine, settings.out_dir, step, client_state, run.run_config, settings.keep_last,
+                               settings.keep_every)
+    except (OSError, RuntimeError) as e:  # RuntimeError: DeepSpeed's and torch's C++ writers
+        problem = write_problem(checkpoint.checkpoint_dir(settings.out_dir) / checkpoint.tag_for(step), e)
+        if problem is None:
+            raise
+        raise DiskProblem(f"{problem}; that checkpoint is incomplete and will not be loaded") from None
     print0(f"step {step:5d} | saved {path} in {time.perf_counter() - start:.2f}s")
 
 
@@ -372,8 +444,15 @@ def main(settings):
     try:
         run = build(prepared)
         fit(run, resume(run, prepared.resume_from))
+    except DiskProblem as e:
+        fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)
     except StopTraining as e:
         fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1)
+    except OSError as e:  # metrics.jsonl, TensorBoard's events
+        problem = write_problem(e.filename or settings.out_dir, e) if e.errno else None
+        if problem is None:
+            raise
+        fail(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)
     except (checkpoint.CheckpointError, InteropError) as e:  # what the up-front checks could not see: DeepSpeed's
         # own load failed, or --init_from's weights (read only here, once) are unreadable or misshapen
         fail(e, code=1)
@@ -387,3 +466,6 @@ def main(settings):
         fail("fp16 loss scale fell to its minimum: gradients keep overflowing. Remedies: train in bf16 "
              "(ds_configs/*_bf16.json) where the GPU has it; raise fp16.hysteresis (e.g. 4) so single "
              "overflows do not lower the scale; lower fp16.initial_scale_power; lower --lr", code=1)
+    finally:
+        if prepared.lock is not None:
+            prepared.lock.close()  # the kernel would drop it at exit; a process running several runs (tests) needs it now

@@ -179,6 +179,19 @@ TRAIN_CASES = [
      "or turn validation off with --val_every 0"),
     (lambda t: (t / "file").write_text("x") and ["--out_dir", str(t / "file" / "out")],
      "error: --out_dir {tmp}/file/out: {tmp}/file is a file, not a directory"),
+    (lambda t: (t / "run" / "checkpoints" / "step_00000003").mkdir(parents=True) or (
+        t / "run" / "checkpoints" / "latest").write_text("step_00000003") and ["--out_dir", str(t / "run" / "checkpoints")],
+     "error: --out_dir {tmp}/run/checkpoints is the checkpoints directory of the run in {tmp}/run: to continue that "
+     "run, use --out_dir {tmp}/run --resume auto"),
+    (lambda t: (t / "run" / "checkpoints" / "step_00000003").mkdir(parents=True) or (
+        t / "run" / "checkpoints" / "step_00000003" / "complete.json").write_text("{}") and [
+        "--out_dir", str(t / "run" / "checkpoints" / "step_00000003")],
+     "error: --out_dir {tmp}/run/checkpoints/step_00000003 is a checkpoint of the run in {tmp}/run: to continue that "
+     "run, use --out_dir {tmp}/run --resume auto"),
+    (lambda t: (t / "link").symlink_to(t / "gone") or ["--out_dir", str(t / "link")],
+     "error: --out_dir {tmp}/link is a symbolic link to {tmp}/gone, which does not exist"),
+    (lambda t: (t / "link").symlink_to(t / "gone") or ["--out_dir", str(t / "link" / "out")],
+     "error: --out_dir {tmp}/link/out: {tmp}/link is a symbolic link to {tmp}/gone, which does not exist"),
     (["--loss", "liger", "--ds_config", "ds_configs/zero2_fp32.json"],
      "error: --loss liger runs on CUDA in bf16 only (this run: cpu, fp32)"),
     (["--lr", "nan"], "error: --lr nan must be a finite number > 0"),

@@ -251,3 +251,26 @@ def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, s
     assert output.count("stopped by its launcher exiting") == 1, output[-3000:]  # printed by rank 0
     stopped_at = int(checkpoint.find_checkpoint("auto", tmp_path).name.split("_")[1])
     assert 3 <= stopped_at < 20 and f"step {stopped_at:5d} | saved" in output
+
+
+@pytest.mark.slow
+def test_resume_with_another_max_steps(tmp_path, shakespeare_dir):
+    """At or below the checkpoint's step: nothing left to train, refused before launch. Above it: the schedule
+    of the new --max_steps from the resumed step on (said in one line), not the saved lr for one step and then
+    a jump."""
+    from gpt.optim import lr_at
+    args = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
+    train(tmp_path, shakespeare_dir, *args, "--max_steps", "4")
+    last = tmp_path / "checkpoints" / "step_00000003"
+    for max_steps in (4, 3):
+        _, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", str(max_steps), "--resume", "auto", check=False)
+        assert (proc.returncode, proc.stderr) == (2, f"error: --max_steps {max_steps}: nothing left to train: {last} was "
+                                                     f"saved after step 3, and --max_steps {max_steps} ends after step "
+                                                     f"{max_steps - 1}; raise --max_steps to train on\n")
+    records, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", "8", "--resume", "auto")
+    lr, warmup, min_lr_ratio = 6e-4, 2, 0.1  # the defaults and TINY's
+    assert (f"--max_steps 8 (the checkpoint's run had 4): the lr schedule follows the new flags from here on, its "
+            f"cosine decay ending at step 8; lr at step 4 is {lr_at(4, lr, warmup, 8, min_lr_ratio):.4g} (was "
+            f"{lr_at(4, lr, warmup, 4, min_lr_ratio):.4g})") in proc.stdout.splitlines()
+    assert [(r["step"], r["lr"]) for r in records if "loss" in r][4:] == [
+        (step, pytest.approx(lr_at(step, lr, warmup, 8, min_lr_ratio), rel=1e-12)) for step in range(4, 8)]

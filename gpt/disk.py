@@ -1,0 +1,50 @@
+"""Full and read-only disks, said in one line: up front (before a run that could not save starts) and where a
+write fails mid-run.
+
+Why free space is measured, not only errno read: DeepSpeed's save and torch.save write through C++ streams,
+whose failure on a full disk arrives as `RuntimeError: basic_ios::clear: iostream error` with no errno."""
+import errno
+import os
+from pathlib import Path
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+NEARLY_FULL = 1 << 20  # bytes: a failed write that leaves less than this free filled the disk
+
+
+def nearest_existing(path):
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def free_bytes(path):
+    """The bytes this process may still write on path's file system (root may use the blocks reserved for it)."""
+    stats = os.statvfs(nearest_existing(path))
+    return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
+
+
+def megabytes(size):
+    return f"{size / 1e6:.1f} MB"
+
+
+def write_problem(path, error):
+    """'PATH: no space left on the device (...)' or 'PATH: not writable (...)' when writing under path failed
+    because of its disk; None when the disk is not why (the error is then a bug to show whole)."""
+    code = getattr(error, "errno", None)
+    try:
+        free = free_bytes(path)
+    except OSError:
+        free = None
+    if code in NO_SPACE or (code is None and free is not None and free < NEARLY_FULL):
+        return f"{path}: no space left on the device"
+    if code in NOT_WRITABLE or (code is None and not os.access(nearest_existing(path), os.W_OK)):
+        return f"{path}: not writable" + (f" ({os.strerror(code)})" if code else "")
+    return None
+
+
+def space_problem(flag, path, needed, what):
+    """Why `needed` bytes (`what`, for the message) will not fit on path's file system, or None."""
+    free = free_bytes(path)
+    if free < needed:
+        return f"{flag} {path}: no space left on the device: {megabytes(free)} free, {what} needs {megabytes(needed)}"
+    return None
