@@ -98,11 +98,13 @@ class StopRequest:
         self.launchers = launcher_processes()
         cut = cut_off_launch(self.launchers)
         if cut is not None:
-            self.requested = (f"the deepspeed runner exiting before this rank started ({DEEPSPEED_LAUNCH}, pid "
-                              f"{cut.pid}, had lost it)")
+            self.requested = (f"the deepspeed runner exiting before this rank started ({DEEPSPEED_LAUNCH} pid "
+                              f"{cut.pid} was orphaned)")
             raise self._start_up_stop()
         self._main_thread = threading.main_thread().ident
-        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # A signal ignored from the start stays ignored (a shell's background job ignores SIGINT, nohup SIGHUP).
+        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
+                          if signal.getsignal(sig) is not signal.SIG_IGN}
         # Signals also wake the watchdog (a pipe as the wakeup fd): it must know of one whose handler cannot run.
         self._wakeup_read, self._wakeup_write = os.pipe()
         os.set_blocking(self._wakeup_write, False)
@@ -134,8 +136,10 @@ class StopRequest:
             if self._closed.is_set():
                 return
             if ready:
-                os.read(self._wakeup_read, 512)
-                stop_seen = stop_seen or time.monotonic()
+                signals = [number for number in os.read(self._wakeup_read, 512) if number]  # 0: close() waking us
+                if signals:
+                    self.requested = self.requested or signal.Signals(signals[0]).name  # if its handler cannot run
+                    stop_seen = stop_seen or time.monotonic()
             if not self.starting:
                 return
             if not self.requested:
@@ -148,7 +152,6 @@ class StopRequest:
 
     def _exit_now(self):
         """The main thread is stuck where no Python runs: say so, release what a run holds, exit."""
-        self.requested = self.requested or "a signal"
         if os.environ.get("LOCAL_RANK", "0") == "0":
             os.write(2, f"{self.message()} (the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s)\n".encode())
         dist = sys.modules.get("gpt.dist")  # never import here: the main thread may hold the import lock
