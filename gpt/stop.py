@@ -22,6 +22,8 @@ import psutil
 
 LAUNCHER_MARKS = ("deepspeed.launcher.launch", "torch.distributed.run", "torchrun")
 DEEPSPEED_LAUNCH = "deepspeed.launcher.launch"
+DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
+RUNNER_NAMES = ("deepspeed", "ds", "deepspeed.pt")  # the console scripts of DeepSpeed's runner
 POLL_S = 1.0  # how often the start-up watchdog looks at the launchers
 # A Python signal handler runs only when the main thread is back in Python: a rendezvous with a rank that is
 # gone, or DeepSpeed's shm allreduce spinning on a dead peer's flag, never returns. Exit hard after this long.
@@ -30,12 +32,13 @@ HARD_EXIT_AFTER_S = 10.0
 
 def is_launcher(cmdline):
     """Whether a process's command line is one of the launchers that start ranks."""
-    return any(mark in arg for arg in cmdline[:4] for mark in LAUNCHER_MARKS) or any(
-        os.path.basename(arg) == "deepspeed" for arg in cmdline[:2])
+    return any(mark in arg for arg in cmdline[:4] for mark in LAUNCHER_MARKS) or is_deepspeed_runner(cmdline)
 
 
 def is_deepspeed_runner(cmdline):
-    return any(os.path.basename(arg) == "deepspeed" for arg in cmdline[:2])
+    """`deepspeed ...` (or its other names, ds and deepspeed.pt), or `python -m deepspeed.launcher.runner`."""
+    return any(os.path.basename(arg) in RUNNER_NAMES for arg in cmdline[:2]) or any(
+        DEEPSPEED_RUNNER in arg for arg in cmdline[:4])
 
 
 def launcher_processes():
@@ -55,18 +58,18 @@ def cut_off_launch(launchers):
     """The `deepspeed.launcher.launch` among launchers whose own launcher was already gone when this rank
     looked (None if there is none). No ancestor can say that it was there once, so: DeepSpeed 0.19's runner is
     the only one that starts launch without --node_rank (pdsh and --no_ssh pass one), so such a launch's parent
-    must be the runner; and no launcher's parent is init (PID 1) unless it was adopted."""
+    must be the runner; and a launch whose parent is init (PID 1) and no runner (the runner may be a
+    container's PID 1) was adopted."""
     for process in launchers:
         try:
-            cmdline, parent_pid = process.cmdline(), process.ppid()
+            cmdline = process.cmdline()
             if not any(DEEPSPEED_LAUNCH in arg for arg in cmdline[:4]):
                 continue
-            if parent_pid == 1:
+            parent = psutil.Process(process.ppid())
+            if is_deepspeed_runner(parent.cmdline()):
+                continue
+            if parent.pid == 1 or not any(arg.startswith("--node_rank") for arg in cmdline):
                 return process
-            if not any(arg.startswith("--node_rank") for arg in cmdline):
-                parent = psutil.Process(parent_pid)
-                if not is_deepspeed_runner(parent.cmdline()):
-                    return process
         except psutil.Error:
             return process  # it exited while we looked
     return None
@@ -152,7 +155,7 @@ class StopRequest:
 
     def _exit_now(self):
         """The main thread is stuck where no Python runs: say so, release what a run holds, exit."""
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if os.environ.get("LOCAL_RANK", "0") == "0" and not self._leaving:  # else the interpreter said it
             os.write(2, f"{self.message()} (the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s)\n".encode())
         dist = sys.modules.get("gpt.dist")  # never import here: the main thread may hold the import lock
         if dist is not None:

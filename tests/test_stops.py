@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import REPO, TINY, free_port, train
-from gpt import leftovers
+from gpt import leftovers, stop
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
 GONE_WITHIN_S = 60  # generous: the machine is shared and loaded; gpt/stop.py's hard exit is at 10 s
@@ -113,6 +113,37 @@ def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and
             assert f"its launcher exiting (pid {runner.pid})" in errors[0]
     records, proc = train(tmp_path / "relaunch", shakespeare_dir, *ARGS, "--max_steps", "2", ranks=2, port=port)
     assert [r["step"] for r in records if "loss" in r] == [0, 1]
+
+
+class FakeProcess:
+    def __init__(self, pid, cmdline, parent=None):
+        self.pid, self._cmdline, self.parent = pid, cmdline, parent
+
+    def cmdline(self):
+        return self._cmdline
+
+    def ppid(self):
+        return self.parent.pid
+
+
+LAUNCH = ["python", "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--master_port=29500"]
+RUNNER = ["python", "/usr/bin/deepspeed", "--num_gpus", "2", "train_ds.py"]
+
+
+@pytest.mark.parametrize("launch_argv,parent_pid,parent_argv,cut", [
+    (LAUNCH, 4000, RUNNER, False),  # the runner's child
+    (LAUNCH, 1, RUNNER, False),  # the runner as a container's PID 1
+    (LAUNCH, 4000, ["python", "-m", "deepspeed.launcher.runner", "train_ds.py"], False),
+    (LAUNCH, 1, ["/sbin/init"], True),  # adopted by init: the runner is gone
+    (LAUNCH, 4000, ["/lib/systemd/systemd", "--user"], True),  # adopted by a subreaper
+    ([*LAUNCH, "--node_rank=1"], 4000, ["bash", "-c", "cd /x; python -u -m deepspeed.launcher.launch"], False),  # pdsh
+    ([*LAUNCH, "--node_rank=1"], 1, ["/sbin/init"], True)])
+def test_a_launch_that_lost_its_runner_before_the_rank_started_is_found(monkeypatch, launch_argv, parent_pid,
+                                                                         parent_argv, cut):
+    parent = FakeProcess(parent_pid, parent_argv)
+    launch = FakeProcess(4001, launch_argv, parent)
+    monkeypatch.setattr(stop.psutil, "Process", lambda pid: parent)
+    assert stop.cut_off_launch([launch]) is (launch if cut else None)
 
 
 @pytest.mark.slow
