@@ -148,9 +148,9 @@ def test_a_launch_that_lost_its_runner_before_the_rank_started_is_found(monkeypa
 
 @pytest.mark.slow
 def test_sigint_during_start_up_is_one_line_without_a_traceback(tmp_path, shakespeare_dir):
-    """Ctrl-C (SIGINT to the process group) while train_ds.py still imports torch and DeepSpeed."""
+    """Ctrl-C (SIGINT to the process group) soon after train_ds.py started: while it imports torch and DeepSpeed."""
     proc = start(tmp_path, shakespeare_dir, launcher="python")
-    time.sleep(1.0)
+    wait_for(lambda: psutil.Process(proc.pid).num_threads() > 1)  # its stop watchdog: train_ds.py's first line
     os.killpg(proc.pid, signal.SIGINT)
     output = proc.stdout.read()
     assert proc.wait(timeout=GONE_WITHIN_S) == 1
