@@ -113,7 +113,8 @@ def file_system_type(path):
             for line in mounts:
                 fields = line.split()
                 mount_point = fields[1].replace("\\040", " ")
-                if len(mount_point) >= len(best) and (path == mount_point or path.startswith(mount_point.rstrip("/") + "/")):
+                inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):  # the innermost mount wins
                     best, kind = mount_point, fields[2]
     except OSError:
         pass

@@ -291,3 +291,21 @@ def test_a_stale_jit_build_lock_does_not_hang_the_start(tmp_path, shakespeare_di
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"warning: removed {stale}: left by a JIT build of fused_adam that was killed" in proc.stderr
     assert live.exists() and (extensions / "fused_adam" / "fused_adam.so").exists()
+
+
+@pytest.mark.parametrize("file_system", ["ext4", "nfs4"])
+def test_a_stale_lock_is_removed_on_a_local_file_system_and_reported_on_a_shared_one(tmp_path, monkeypatch,
+                                                                                   file_system):
+    """On NFS or Lustre a build on another machine holds its lock invisibly from here: say what to do, keep it."""
+    lock = tmp_path / "fused_adam" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(leftovers, "file_system_type", lambda path: file_system)
+    lines = []
+    removed = leftovers.handle_stale_jit_locks(say=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("warning:")
+    if file_system == "ext4":
+        assert removed == [lock] and not lock.exists()
+    else:
+        assert removed == [] and lock.exists() and "If none is running, delete it" in lines[0]
