@@ -86,10 +86,13 @@ def error_lines(output):
 @pytest.mark.slow
 def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and_the_port_is_free(
         tmp_path, shakespeare_dir):
-    """Killed once just after it started deepspeed.launcher.launch (the ranks start orphaned: the chain was
-    cut before they looked), once after the ranks started (their watchdog sees the runner go). Then a launch
-    on the same port trains."""
+    """Killed at once (before it starts anything), just after it started deepspeed.launcher.launch (the ranks
+    start orphaned: the chain was cut before they looked), and after the ranks started (their watchdog sees
+    the runner go). Then a launch on the same port trains."""
     port = free_port()
+    runner = start(tmp_path / "at_once", shakespeare_dir, port=port)
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=30) == -signal.SIGTERM and wait_until_gone(tmp_path / "at_once") < GONE_WITHIN_S
     for name, mark in (("before_the_ranks", "deepspeed.launcher.launch"), ("after", "--local_rank=1")):
         out = tmp_path / name
         runner = start(out, shakespeare_dir, port=port)
