@@ -312,3 +312,12 @@ def test_a_stale_lock_is_removed_on_a_local_file_system_and_reported_on_a_shared
         assert removed == [lock] and not lock.exists()
     else:
         assert removed == [] and lock.exists() and "If none is running, delete it" in lines[0]
+
+
+def test_the_stop_watch_starts_before_torch_loads():
+    """train_ds.py starts gpt.stop first so that a stop during the seconds of importing torch and DeepSpeed is
+    caught: it must not import them itself."""
+    code = "import sys, gpt.stop; print(sorted({'torch', 'deepspeed'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True)
+    assert proc.stdout == "[]\n", proc.stderr
