@@ -190,8 +190,8 @@ def test_a_stop_while_the_main_thread_is_stuck_in_c_code_ends_the_process(tmp_pa
 
 @pytest.mark.slow
 def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(tmp_path, shakespeare_dir):
-    """deepspeed.launcher.launch SIGTERMs the survivor, whose next collective fails; the killed rank's /dev/shm
-    buffer is removed by the relaunch, on the same port."""
+    """deepspeed.launcher.launch SIGTERMs the survivor, whose next collective fails; the relaunch, on the same
+    port, resumes."""
     port = free_port()
     runner = start(tmp_path, shakespeare_dir, port=port)
     lines = []
@@ -207,11 +207,11 @@ def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(tm
     errors = error_lines(output)
     assert len(errors) == 1 and errors[0].startswith("error: [rank 0] lost contact with another rank"), output[-3000:]
     assert "Traceback" not in output
-    leaked = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_1")
-    assert leaked.exists()  # DeepSpeed's, never unlinked by a SIGKILLed rank
+    # The killed rank's /dev/shm buffer is left; any start on this machine (the suite's other launches too)
+    # removes it: test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept checks that.
     records, proc = train(tmp_path, shakespeare_dir, *ARGS, "--max_steps", "5", "--resume", "auto", ranks=2,
                           port=port)
-    assert "resumed from" in proc.stdout and "removed" in proc.stderr and "allreduce buffer" in proc.stderr
+    assert "resumed from" in proc.stdout
     assert [r["step"] for r in records if "loss" in r][-1] == 4
 
 
@@ -237,8 +237,8 @@ def test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept(tmp_path, 
             path.write_bytes(b"\0" * 4096)
         holders = [hold(held_open, mapped=False), hold(held_mapped, mapped=True)]
         records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
+        # (the line "removed N ... buffer(s)" may come from another start of the suite's, which got there first)
         assert not stale.exists() and held_open.exists() and held_mapped.exists()
-        assert "allreduce buffer(s) of killed runs from /dev/shm" in proc.stderr
     finally:
         for holder in holders:
             holder.kill()
