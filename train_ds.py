@@ -5,13 +5,17 @@
 
 The command line (gpt/config.py) and the trainer (gpt/trainer.py: setup -> build -> resume -> fit).
 """
-from gpt import trainer
-from gpt.config import parse
+if __name__ == "__main__":  # first: importing torch and DeepSpeed takes seconds, and a stop then ends the run too
+    from gpt.stop import StopRequest
+    STOP = StopRequest()
+
+from gpt import trainer  # noqa: E402
+from gpt.config import parse  # noqa: E402
 
 
-def main(argv=None):
-    trainer.main(parse(argv))
+def main(argv=None, stop=None):
+    trainer.main(parse(argv), stop)
 
 
 if __name__ == "__main__":
-    main()
+    main(stop=STOP)

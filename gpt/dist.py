@@ -23,6 +23,8 @@ with contextlib.redirect_stdout(sys.stderr):
     import deepspeed
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
+from gpt import leftovers  # noqa: E402
+
 
 def cpu_info_from_proc():
     """What DeepSpeed reads of py-cpuinfo's answer (the architecture, the SIMD flags, the vendor), from
@@ -103,6 +105,7 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     accelerator = get_accelerator()
     if allow_cpu_fp16:
         enable_cpu_fp16()
+    remove_leftovers(accelerator.device_name())
     if accelerator.device_name() == "cpu":
         if os.environ.get("DSGPT_MALLOC_CACHE", "1") != "0":  # 0: glibc's defaults (bench/train.py's baseline)
             keep_freed_memory_in_heap()
@@ -119,6 +122,18 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accelerator.set_device(local_rank)
     return torch.device(accelerator.device_name(local_rank))
+
+
+def remove_leftovers(device_type):
+    """Before DeepSpeed loads its ops and joins the group (gpt/leftovers.py): torch's JIT build locks left by
+    killed builds (every rank, before its own load), and on CPU the /dev/shm buffers of killed runs (once per
+    machine)."""
+    leftovers.handle_stale_jit_locks()
+    if device_type == "cpu" and os.environ.get("LOCAL_RANK", "0") == "0":
+        removed = leftovers.remove_stale_shm_buffers()
+        if removed:
+            print(f"removed {len(removed)} DeepSpeed allreduce buffer(s) of killed runs from /dev/shm",
+                  file=sys.stderr, flush=True)
 
 
 def keep_freed_memory_in_heap():

@@ -397,9 +397,9 @@ def log_samples(run, step):
     say(f"[rank {run.engine.global_rank}] sample at step {step}: {tokenizer.decode(tokens)!r}")
 
 
-def fit(run, start_step):
+def fit(run, start_step, stop):
     settings = run.settings
-    stop = StopRequest()
+    stop.started()  # from here a stop finishes the step and saves
     profiler = step_profiler(settings.profile, settings.out_dir, run.device.type, run.engine.global_rank)
     for step in range(start_step, settings.max_steps):
         last = step == settings.max_steps - 1
@@ -438,12 +438,21 @@ def last_good_checkpoint(settings):
     return checkpoint.checkpoint_dir(settings.out_dir) / tags[-1] if tags else "none"
 
 
-def main(settings):
-    """Train with these settings; exits non-zero with one message when the run cannot go on."""
+def main(settings, stop=None):
+    """Train with these settings; exits non-zero with one message when the run cannot go on. stop: the run's
+    StopRequest if train_ds.py started it before its imports, else one from now."""
+    stop = stop or StopRequest()
+    try:
+        train(settings, stop)
+    finally:
+        stop.close()
+
+
+def train(settings, stop):
     prepared = prepare(settings)
     try:
         run = build(prepared)
-        fit(run, resume(run, prepared.resume_from))
+        fit(run, resume(run, prepared.resume_from), stop)
     except DiskProblem as e:
         fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)
     except StopTraining as e:
