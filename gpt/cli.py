@@ -14,6 +14,7 @@ then the model's shape (read without its weights) against them.
 """
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from gpt import hellaswag
-from gpt.args import Parser, exit_if, range_problems
+from gpt.args import Parser, exit_if, range_problems, seed_problem
 from gpt.data import DataError, ValidationSet, check_token_range, find_shards
 from gpt.evaluate import sample, validation_loss
 from gpt.checkpoint import CheckpointError, find_checkpoint, read_run_config, read_weights
@@ -152,6 +153,25 @@ def evaluate_main(argv=None):
                                                          else f"{k:28s} {v}" for k, v in results.items()))
 
 
+# Upper bounds that stop a typo (--num_samples 1000000000000) from printing for days; no real use comes near them.
+MAX_NEW_TOKENS = 2**16
+MAX_SAMPLES = 10_000
+
+
+def prompt_problem(prompt):
+    """Why the prompt is not text (bytes that are not UTF-8 reach Python as lone surrogates), or None."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        data = os.fsencode(prompt)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"--prompt: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        return "--prompt: not UTF-8 text"
+    return None
+
+
 def sample_main(argv=None):
     parser = Parser(description="Sample text from a checkpoint or HF model.")
     add_model_arguments(parser)
@@ -165,8 +185,10 @@ def sample_main(argv=None):
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_samples", type=int, default=1)
     args = parser.parse_args(argv)
-    exit_if(range_problems(args, [("max_new_tokens", 1, True), ("temperature", 0, False), ("top_k", 1, True),
-                                  ("num_samples", 1, True)]) + model_problems(args))
+    exit_if(range_problems(args, [("max_new_tokens", 1, True, MAX_NEW_TOKENS, "64 x GPT-2's context"),
+                                  ("temperature", 0, False), ("top_k", 1, True),
+                                  ("num_samples", 1, True, MAX_SAMPLES, "more is a job for a script")])
+            + [seed_problem("--seed", args.seed), prompt_problem(args.prompt)] + model_problems(args))
     try:
         config, load_model = model_source(args)
         exit_if([f"the model's vocab_size {config.vocab_size} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: its "

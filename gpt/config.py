@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from gpt import ds_config as dsc
-from gpt.args import Parser, range_problems
+from gpt.args import Parser, range_problems, seed_problem
 from gpt.data import DataError, check_lengths, check_shards
 from gpt.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, PRESETS
 from gpt.loss import LOSS_CHOICES, liger_problem
@@ -200,12 +200,21 @@ def gradient_accumulation(settings, world_size):
     return settings.total_batch_tokens // tokens_per_micro_step
 
 
-# Numeric flags and the least each may be: (name, minimum, whether the minimum itself is allowed).
-NUMBER_RANGES = [("seq_len", 1, True), ("total_batch_tokens", 1, True), ("max_steps", 1, True), ("lr", 0, False),
+# Upper bounds: far beyond any real run, they turn a typo (1e20 steps) into an error instead of a run that never ends.
+MAX_STEPS = 10**8  # checkpoints are named step_%08d (gpt.checkpoint.TAG_PATTERN): a 9-digit step would go unfound
+MAX_TOTAL_BATCH_TOKENS = 2**32  # 4.3B tokens per step, ~270x the largest published batches (16M, Llama 3): hours a step
+TOTAL_BATCH_TOKENS_RANGE = ("total_batch_tokens", 1, True, MAX_TOTAL_BATCH_TOKENS,
+                            "2**32, hours a step on any hardware")  # gpt-plan's too
+MAX_SAMPLE_TOKENS = 4096  # 4x GPT-2's context; rank 0 samples while the other ranks wait for it at the next collective
+
+# Numeric flags and the least each may be: (name, minimum, whether the minimum itself is allowed[, maximum, why]).
+NUMBER_RANGES = [("seq_len", 1, True), TOTAL_BATCH_TOKENS_RANGE,
+                 ("max_steps", 1, True, MAX_STEPS, "checkpoint names hold 8 digits"), ("lr", 0, False),
                  ("weight_decay", 0, True), ("skip_loss_z", 0, True), ("skip_grad_z", 0, True),
                  ("max_bad_steps", 1, True), ("save_every", 0, True), ("keep_last", 1, True), ("keep_every", 0, True),
                  ("val_every", 0, True), ("val_tokens", 1, True), ("eval_every", 1, True), ("sample_every", 0, True),
-                 ("sample_tokens", 1, True), ("collective_timeout", 0, False), ("profile", 0, True)]
+                 ("sample_tokens", 1, True, MAX_SAMPLE_TOKENS, "rank 0 samples while the other ranks wait for it"),
+                 ("collective_timeout", 0, False), ("profile", 0, True)]
 
 
 MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600
@@ -220,8 +229,8 @@ def number_problems(settings):
                         f"turn validation off with --val_every 0")
     if settings.micro_batch != "auto" and settings.micro_batch <= 0:
         problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
-    if not 0 <= settings.seed < 2**63:  # numpy's and torch's generators take no negative seed
-        problems.append(f"--seed {settings.seed} must lie in [0, 2**63)")
+    if seed_problem("--seed", settings.seed):
+        problems.append(seed_problem("--seed", settings.seed))
     if math.isfinite(settings.collective_timeout) and settings.collective_timeout > MAX_COLLECTIVE_TIMEOUT:
         problems.append(f"--collective_timeout {settings.collective_timeout:g} must be at most "
                         f"{MAX_COLLECTIVE_TIMEOUT} seconds (a week)")  # far beyond: timedelta overflows

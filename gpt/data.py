@@ -9,8 +9,10 @@ A shard's identity is its size and a hash of a few sampled blocks (shard_fingerp
 that a resume into shards rewritten since is refused instead of silently training on other data.
 """
 import hashlib
+import json
 import os
 import queue
+import re
 import threading
 from pathlib import Path
 
@@ -92,6 +94,32 @@ def check_token_range(path, vocab_size):
                             f"is >= the vocabulary size {vocab_size}")
 
 
+SPLITS = ("train", "val")
+
+
+def corpus_of(shard_name):
+    """The corpus a shard belongs to: its name before the last _train_ or _val_ (x in x_train_000001.bin)."""
+    return re.match(r"(.*)_(?:train|val)_", shard_name).group(1)
+
+
+def unfinished_preparations(data_dir):
+    """One warning per gpt-prepare progress file in data_dir that says its preparation did not complete: a run
+    then trains on part of the corpus (which may be meant: a partial FineWeb). Unreadable files are left to
+    gpt-prepare, which refuses them when it resumes."""
+    warnings = []
+    for path in sorted(Path(data_dir).glob("*_prepare.json")):
+        try:
+            progress = json.loads(path.read_bytes()) if not regular_file_problem(path) else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(progress, dict) and progress.get("complete") is False:
+            shards = progress.get("shards")
+            written = f" ({len(shards)} shard(s) written)" if isinstance(shards, list) else ""
+            warnings.append(f"warning: {path}: its gpt-prepare did not complete{written}: training on part of the "
+                            f"corpus; rerun the same gpt-prepare command to finish it")
+    return warnings
+
+
 def find_shards(data_dir, split):
     """Sorted shard paths (.bin or .npy) of one split in data_dir; a clear error when there are none."""
     if not str(data_dir).strip():
@@ -103,6 +131,11 @@ def find_shards(data_dir, split):
         raise DataError(f"{data_dir}: data directory not found "
                         f"(make one with: python -m gpt.prepare shakespeare --out_dir {data_dir})")
     paths = sorted(p for p in data_dir.glob(f"*_{split}_*") if p.suffix in (".bin", ".npy"))
+    corpora = sorted({corpus_of(p.name) for s in SPLITS for p in data_dir.glob(f"*_{s}_*")
+                      if p.suffix in (".bin", ".npy")})
+    if len(corpora) > 1:  # gpt-prepare refuses to write a second corpus beside one; this is a directory mixed by hand
+        raise DataError(f"{data_dir}: shards of {len(corpora)} corpora (" + ", ".join(f"{c}_*" for c in corpora) +
+                        "): a run would train on all of them; keep one corpus per directory")
     if not paths:
         raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin or .npy)")
     for path in paths:  # a FIFO would block the first read forever, a directory or a dangling link raise there

@@ -33,9 +33,11 @@ def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=
     idx = torch.tensor([prompt_tokens], dtype=torch.long, device=device)
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -block_size:])
-        logits = logits[0, -1, :GPT2_VOCAB_SIZE].float() / temperature  # padded ids are never drawn
-        top_values, top_ids = torch.topk(logits, min(top_k, logits.numel()))
-        probs = torch.softmax(top_values, dim=-1)
+        logits = logits[0, -1, :GPT2_VOCAB_SIZE].float()  # padded ids are never drawn
+        top_values, top_ids = torch.topk(logits, min(top_k, logits.numel()))  # sorted: the largest first
+        # in float64, from the largest logit down: any positive temperature is safe (1e-300 would be 0 in float32,
+        # and logits / 0 NaN); a tiny one puts all the probability on the likeliest token (greedy)
+        probs = torch.softmax((top_values.double() - top_values[0].double()) / temperature, dim=-1).float()
         choice = torch.multinomial(probs.to(generator.device), 1, generator=generator).to(device)
         idx = torch.cat([idx, top_ids[choice].view(1, 1)], dim=1)
     model.train(was_training)

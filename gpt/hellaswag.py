@@ -147,13 +147,16 @@ def load(path, cache_dir=None):
 
 def example_losses(model, examples, device, block_size):
     """(summed, mean) ending losses, each (len(examples), 4), scoring the examples in one padded batch.
-    Contexts too long for block_size lose their oldest tokens."""
+    Contexts too long for block_size lose their oldest tokens; an ending longer than it loses the context too,
+    and its own first tokens."""
     rows, spans = [], []
     for example in examples:
         for ending in example.endings:
             tokens = (example.context + ending)[-block_size - 1:]
             rows.append(tokens)
-            spans.append((len(tokens) - len(ending), len(tokens)))  # ending positions within the row
+            # the ending's positions within the row; an ending longer than the block keeps only its last tokens,
+            # of which the row's first has nothing before it to be predicted from (a negative start scored padding)
+            spans.append((max(1, len(tokens) - len(ending)), len(tokens)))
     width = -(-max(len(r) for r in rows) // PAD_TO) * PAD_TO
     batch = torch.zeros((len(rows), width), dtype=torch.long)
     mask = torch.zeros((len(rows), width - 1))

@@ -28,7 +28,7 @@ import torch
 
 from gpt import ds_config as dsc
 from gpt.args import Parser, exit_if, range_problems
-from gpt.config import GPT3_TOKENS_PER_STEP, ConfigError, add_model_arguments, model_config
+from gpt.config import GPT3_TOKENS_PER_STEP, TOTAL_BATCH_TOKENS_RANGE, ConfigError, add_model_arguments, model_config
 from gpt.loss import CHUNK_ROWS, LOSSES, memory_kind
 from gpt.memory import (expandable_segments, measure_loss_chunk_bytes, measure_step_bytes,
                         trainer_uses_expandable_segments)
@@ -303,7 +303,7 @@ DEFAULT_WORLD_SIZE = 8
 def check_args(args):
     """Everything gpt-plan can check before planning, one line per problem; returns (problems, model config).
     Fills the defaults that depend on --measure."""
-    problems = range_problems(args, [("seq_len", 1, True), ("world_size", 1, True), ("total_batch_tokens", 1, True),
+    problems = range_problems(args, [("seq_len", 1, True), ("world_size", 1, True), TOTAL_BATCH_TOKENS_RANGE,
                                      ("gpu_mem", 0, False), ("n_layer", 1, True), ("n_embd", 1, True),
                                      ("n_head", 1, True)])
     if args.measure:

@@ -15,6 +15,7 @@ import glob
 import gzip
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -437,15 +438,20 @@ def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
 
 
 MAX_SHARD_TOKENS = 2**31 - 1  # the llm.c header's token count is an int32
+SHARD_HEADER_LIMIT = "llm.c's shard header holds the token count as an int32"
+
+
+def max_workers():
+    """More tokenizer processes than 4 per CPU only add memory (each holds a tokenizer) and start-up time; far more
+    (a typo, --workers 1000000) would fork until the machine gives out."""
+    return 4 * (os.cpu_count() or 1)
 
 
 def check_args(args, name):
     """The numbers in range and the name a plain file-name prefix; one line per problem."""
-    problems = range_problems(args, [("shard_tokens", 1, True), ("val_tokens", 1, True), ("workers", 1, True)])
-    for flag in ("shard_tokens", "val_tokens"):
-        if (getattr(args, flag) or 0) > MAX_SHARD_TOKENS:
-            problems.append(f"--{flag} {getattr(args, flag)} must be at most {MAX_SHARD_TOKENS} (llm.c's shard header "
-                            f"holds the token count as an int32)")
+    problems = range_problems(args, [("shard_tokens", 1, True, MAX_SHARD_TOKENS, SHARD_HEADER_LIMIT),
+                                     ("val_tokens", 1, True, MAX_SHARD_TOKENS, SHARD_HEADER_LIMIT),
+                                     ("workers", 1, True, max_workers(), f"4 per CPU of this machine's {max_workers() // 4}")])
     if Path(name).name != name or name.startswith("."):
         problems.append(f"--name {name!r} must be a plain file-name prefix")
     return problems

@@ -12,7 +12,7 @@ import torch
 from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock
 from gpt import engine as ds_engine
 from gpt.config import ConfigError, Settings, gradient_accumulation, number_problems, resolve_defaults, validate
-from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, fingerprints
+from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, fingerprints, unfinished_preparations
 from gpt.disk import write_problem
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
@@ -129,6 +129,9 @@ def setup(settings):
             settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
             print0(text)
         ds_config, model_config, grad_accum = validate(settings, world_size, device_type)
+        if dist.launched_rank() == 0:
+            for warning in unfinished_preparations(settings.data):
+                say(warning, sys.stderr)
         run_config = run_config_of(settings, ds_config, model_config, world_size)
         if resume_from is not None:
             checkpoint.check_compatible(resume_from, saved, run_config)

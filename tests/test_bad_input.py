@@ -2,6 +2,7 @@
 and nothing written. (The console scripts' table is tests/test_bad_input_scripts.py.)"""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -265,6 +266,19 @@ TRAIN_CASES = [
      "(char 1))"),
     (lambda t: ["--hellaswag", str(t / "nope.jsonl")], "error: {tmp}/nope.jsonl: file not found"),
     (["--collective_timeout", "1e300"], "error: --collective_timeout 1e+300 must be at most 604800 seconds (a week)"),
+    # numbers so large that the run would never end (they used to hang: a step of 4e15 micro-steps, 1e20 steps, a
+    # sample of 1e20 tokens)
+    (["--total_batch_tokens", "1024000000000000000"],
+     "error: --total_batch_tokens 1024000000000000000 must be at most 4294967296 (2**32, hours a step on any hardware)"),
+    (["--max_steps", "100000000000000000000"],
+     "error: --max_steps 100000000000000000000 must be at most 100000000 (checkpoint names hold 8 digits)"),
+    (["--sample_every", "1", "--sample_tokens", "100000000000000000000"],
+     "error: --sample_tokens 100000000000000000000 must be at most 4096 (rank 0 samples while the other ranks wait "
+     "for it)"),
+    (lambda t: shards(t, 5000, 5000) and write_shard(t / "data" / "y_train_000001.bin", np.arange(5000) % 1000) or [
+        "--data", str(t / "data")],
+     "error: {tmp}/data: shards of 2 corpora (x_*, y_*): a run would train on all of them; keep one corpus per "
+     "directory"),
     # DeepSpeed's own parser (its pydantic models), each problem named by its dotted key
     (lambda t: ["--ds_config", ds_file(t, '{"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e400}}')],
      "error: {path}: zero_optimization.reduce_bucket_size: Input should be a finite number (got Infinity)"),
@@ -481,3 +495,19 @@ def test_unreadable_init_from_weights_are_one_line(shakespeare_dir, tmp_path):
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
         f"error: {hf_dir}/model.safetensors: unreadable GPT-2 weights (SafetensorError: Error while deserializing "
         f"header: header too large)"]
+
+
+def test_an_unfinished_preparation_is_one_warning_and_trains(shakespeare_dir, tmp_path, capsys, monkeypatch):
+    """A data directory whose gpt-prepare did not complete is trained on (a partial FineWeb may be meant), with one
+    warning line."""
+    data = tmp_path / "data"
+    shutil.copytree(shakespeare_dir, data)
+    progress = data / "shakespeare_prepare.json"
+    progress.write_text(json.dumps({**json.loads(progress.read_text()), "complete": False}))
+    monkeypatch.setattr("gpt.dist.setup_distributed", lambda **kwargs: sys.exit("started"))
+    with pytest.raises(SystemExit, match="started"):
+        train_ds.main(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
+                       "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(data), "--out_dir", str(tmp_path / "out")])
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {progress}: its gpt-prepare did not complete (2 shard(s) written): training on part of the corpus; "
+        f"rerun the same gpt-prepare command to finish it"]

@@ -158,6 +158,11 @@ CASES = [
      "error: --shard_tokens 99999999999 must be at most 2147483647 (llm.c's shard header holds the token count as an int32)"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --val_tokens -1", "error: --val_tokens -1 must be a finite number >= 1"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --workers 0", "error: --workers 0 must be a finite number >= 1"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --workers 1000000",  # it used to fork until stopped
+     f"error: --workers 1000000 must be at most {prepare.max_workers()} (4 per CPU of this machine's "
+     f"{os.cpu_count()})"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --val_tokens 99999999999",
+     "error: --val_tokens 99999999999 must be at most 2147483647 (llm.c's shard header holds the token count as an int32)"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens lots",
      "error: argument --shard_tokens: invalid int value: 'lots'"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --name ../x", "error: --name '../x' must be a plain file-name prefix"),
@@ -180,6 +185,9 @@ CASES = [
     ("gpt-plan", "--gpu_mem -40", "error: --gpu_mem -40.0 must be a finite number > 0"),
     ("gpt-plan", "--gpu_mem nan", "error: --gpu_mem nan must be a finite number > 0"),
     ("gpt-plan", "--gpu h100-80gb --total_batch_tokens 0", "error: --total_batch_tokens 0 must be a finite number >= 1"),
+    ("gpt-plan", "--gpu h100-80gb --total_batch_tokens 1267650600228229401496703205376",
+     "error: --total_batch_tokens 1267650600228229401496703205376 must be at most 4294967296 (2**32, hours a step on "
+     "any hardware)"),
     ("gpt-plan", "--gpu h100-80gb --total_batch_tokens 1000",
      "error: --total_batch_tokens 1000 is not divisible by seq_len x world = 1024 x 8 = 8192, so by no micro_batch x "
      "seq_len x world"),
@@ -303,6 +311,15 @@ CASES = [
     ("gpt-sample", "--checkpoint {in}", "error: {in}: no complete checkpoint found"),
     ("gpt-sample", "--hf {in}/hf_bert", "error: {in}/hf_bert/config.json: model_type 'bert', expected 'gpt2'"),
     ("gpt-sample", "--checkpoint {ckpt} --seed x", "error: argument --seed: invalid int value: 'x'"),
+    ("gpt-sample", "--checkpoint {ckpt} --seed -1", "error: --seed -1 must lie in [0, 2**63)"),
+    ("gpt-sample", "--checkpoint {ckpt} --seed 1180591620717411303424",  # it used to overflow in torch
+     "error: --seed 1180591620717411303424 must lie in [0, 2**63)"),
+    ("gpt-sample", "--checkpoint {ckpt} --num_samples 1000000000000",  # it used to print samples for days
+     "error: --num_samples 1000000000000 must be at most 10000 (more is a job for a script)"),
+    ("gpt-sample", "--checkpoint {ckpt} --max_new_tokens 100000000000000000000",
+     "error: --max_new_tokens 100000000000000000000 must be at most 65536 (64 x GPT-2's context)"),
+    ("gpt-sample", "--checkpoint {ckpt} --prompt \udcff\udcfe",  # bytes that are not UTF-8 became U+FFFD silently
+     "error: --prompt: not UTF-8 text (byte 0xff at offset 0)"),
     # gpt-export
     ("gpt-export", "{in}/missing --out_dir {out}", "error: {in}/missing: checkpoint not found"),
     ("gpt-export", "{in} --out_dir {out}", "error: {in}: no complete checkpoint found"),

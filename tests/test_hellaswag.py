@@ -52,6 +52,21 @@ def test_batched_scores_equal_the_brute_force_reference(hellaswag_files):
         assert mean[1, 2].item() == pytest.approx(reference.mean().item(), rel=1e-5)
 
 
+def test_an_ending_longer_than_the_block_scores_its_last_tokens():
+    """The block holds the ending's last block_size + 1 tokens: each of them but the first is scored, from the ones
+    before it (a negative start used to score the padding at the row's end instead)."""
+    torch.manual_seed(3)
+    model = GPT(PRESETS["tiny"]).eval()
+    block = PRESETS["tiny"].block_size
+    example = hellaswag.Example(context=(5, 6), endings=(tuple(range(100, 100 + block + 40)), (7,), (8,), (9,)), label=0)
+    with torch.no_grad():
+        summed, mean = hellaswag.example_losses(model, [example], torch.device("cpu"), block)
+        tokens = torch.tensor([list(example.endings[0][-block - 1:])])
+        reference = F.cross_entropy(model(tokens[:, :-1])[0][0], tokens[0, 1:], reduction="none")
+    assert summed[0, 0].item() == pytest.approx(reference.sum().item(), rel=1e-5)
+    assert mean[0, 0].item() == pytest.approx(reference.mean().item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("corrupt,message", [
     (lambda raw: raw[:-7], "example 9 is truncated or misaligned"),
     (lambda raw: struct.pack("<i", 1) + raw[4:], "bad header (magic 1, version 1; expected 20240522, 1)"),

@@ -15,3 +15,16 @@ def test_sampling_is_reproducible_and_leaves_the_training_rng_untouched():
     assert len(runs[0]) == 13 and runs[0][0] == 50256
     assert max(runs[0]) < 50257  # padded vocabulary ids are never drawn
     assert model.training
+
+
+def test_any_positive_temperature_samples():
+    """A tiny temperature is greedy (1e-300 used to divide the logits by a float32 zero: NaN probabilities, a
+    traceback); a huge one draws among the top k evenly."""
+    torch.manual_seed(0)
+    model = GPT(PRESETS["tiny"]).eval()
+    tokens = sample(model, [50256], 6, torch.Generator().manual_seed(1), torch.device("cpu"), temperature=1e-300)
+    greedy = [50256]
+    for _ in range(6):
+        greedy.append(int(model(torch.tensor([greedy]))[0][0, -1, :50257].argmax()))
+    assert tokens == greedy
+    assert len(sample(model, [50256], 6, torch.Generator().manual_seed(1), torch.device("cpu"), temperature=1e308)) == 7
