@@ -85,9 +85,14 @@ def evaluation_precision(device):
     return "fp32", contextlib.nullcontext()
 
 
+# A typo guard: a batch of 10**12 used to build one batch of the whole val split (or of all of HellaSwag) and swap
+# until killed; GPT-2's logits for 1024 sequences of 1024 tokens are already 200 GB in fp32.
+MAX_EVAL_BATCH = 1024
+
+
 def check_eval_args(args):
-    problems = range_problems(args, [("batch", 1, True), ("limit", 1, True), ("seq_len", 1, True),
-                                     ("val_tokens", 1, True)])
+    problems = range_problems(args, [("batch", 1, True, MAX_EVAL_BATCH, "the logits alone outgrow memory"),
+                                     ("limit", 1, True), ("seq_len", 1, True), ("val_tokens", 1, True)])
     if not (args.data or args.hellaswag):
         problems.append("nothing to evaluate: give --data and/or --hellaswag")
     for flag, needs in (("seq_len", "data"), ("val_tokens", "data"), ("limit", "hellaswag")):
@@ -141,6 +146,7 @@ def evaluate_main(argv=None):
             if val_set:
                 start = time.perf_counter()
                 results["val_loss"] = validation_loss(model, val_set, device)  # ends in .item(): synchronized
+                results["val_tokens"] = len(val_set) * val_set.seq_len  # --val_tokens beyond the val split: all of it
                 results["val_tokens_per_s"] = len(val_set) * val_set.seq_len / (time.perf_counter() - start)
             if examples:
                 start = time.perf_counter()

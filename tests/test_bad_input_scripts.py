@@ -225,6 +225,8 @@ CASES = [
      "--measure, gpt-plan plans for the GPU you name"),
     # gpt-eval
     ("gpt-eval", "--checkpoint {ckpt} --data {data} --batch 0", "error: --batch 0 must be a finite number >= 1"),
+    ("gpt-eval", "--checkpoint {ckpt} --data {data} --batch 1000000000000",  # it used to swap until killed
+     "error: --batch 1000000000000 must be at most 1024 (the logits alone outgrow memory)"),
     ("gpt-eval", "--checkpoint {ckpt} --hellaswag {in}/hs_label_7.jsonl --limit -1",
      "error: --limit -1 must be a finite number >= 1"),
     ("gpt-eval", "--checkpoint {ckpt} --data {data} --seq_len 4096",
@@ -371,12 +373,16 @@ def test_bad_input_is_one_line_exit_1_and_changes_nothing(script, arguments, exp
     assert snapshot(bad_files, trained_checkpoint.parent, shakespeare_dir) == before and not out.exists()
 
 
-def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, tmp_path, capsys):
-    """An empty prompt starts a new document from <|endoftext|> (GPT-2's unconditional samples); an export
-    over an earlier one replaces it with --overwrite."""
+def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, bad_files, tmp_path, capsys):
+    """An empty prompt starts a new document from <|endoftext|> (GPT-2's unconditional samples); gpt-eval's
+    --val_tokens beyond the val split takes all of it, and says how much; an export over an earlier one
+    replaces it with --overwrite."""
     cli.sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "", "--max_new_tokens", "4"])
     out = capsys.readouterr().out
     assert "--- sample 0\n" in out and "<|endoftext|>" not in out.split("--- sample 0")[1]
+    cli.evaluate_main(["--checkpoint", str(trained_checkpoint), "--data", str(bad_files / "short_val"), "--seq_len",
+                       "32", "--val_tokens", str(10**30), "--json"])  # all of its 100 tokens: 3 sequences of 32 + 1
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["val_tokens"] == 96
     exported = tmp_path / "hf"
     hf.main([str(trained_checkpoint), "--out_dir", str(exported)])
     first = (exported / "model.safetensors").stat().st_mtime_ns
