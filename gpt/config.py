@@ -209,6 +209,13 @@ NUMBER_RANGES = [("seq_len", 1, True), ("total_batch_tokens", 1, True), ("max_st
 
 
 MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600
+# Tokens per optimizer step: 2**32 (4.3B) is 250x the largest batches published (Llama 3: 16M); 2**100 used to plan
+# a gradient accumulation of 2**80.
+MAX_TOTAL_BATCH_TOKENS = 2**32
+
+
+def total_batch_tokens_problem(tokens):
+    return f"--total_batch_tokens {tokens} must be at most {MAX_TOTAL_BATCH_TOKENS} (2**32 tokens per step)"
 
 
 def number_problems(settings):
@@ -225,6 +232,8 @@ def number_problems(settings):
     if math.isfinite(settings.collective_timeout) and settings.collective_timeout > MAX_COLLECTIVE_TIMEOUT:
         problems.append(f"--collective_timeout {settings.collective_timeout:g} must be at most "
                         f"{MAX_COLLECTIVE_TIMEOUT} seconds (a week)")  # far beyond: timedelta overflows
+    if settings.total_batch_tokens > MAX_TOTAL_BATCH_TOKENS:
+        problems.append(total_batch_tokens_problem(settings.total_batch_tokens))
     if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
         problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
     for name in ("n_layer", "n_embd", "n_head"):
@@ -232,6 +241,15 @@ def number_problems(settings):
         if value is not None and value <= 0:
             problems.append(f"--{name} must be positive (got {value})")
     return problems
+
+
+def model_flags(settings):
+    """The flags that chose the model's shape, as given: '--model tiny --vocab_size 1000000000000'."""
+    given = [f"--{name} {getattr(settings, name)}" for name in ("n_layer", "n_embd", "n_head")
+             if getattr(settings, name) is not None]
+    if settings.vocab_size != PADDED_VOCAB_SIZE:
+        given.append(f"--vocab_size {settings.vocab_size}")
+    return " ".join([f"--model {settings.model}", *given])
 
 
 def validate(settings, world_size, device_type="cpu"):
@@ -260,6 +278,10 @@ def validate(settings, world_size, device_type="cpu"):
         problems.append(f"--vocab_size must be positive (got {mconfig.vocab_size})")
     elif mconfig.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {mconfig.vocab_size} < {GPT2_VOCAB_SIZE}")
+    if not config_problems and mconfig.vocab_size > 0 and mconfig.n_embd % mconfig.n_head == 0:
+        from gpt.plan import model_memory_problem  # the planner imports this module
+        problems += [p for p in [model_memory_problem(model_flags(settings), mconfig, ds_config, world_size,
+                                                      device_type)] if p]
     if settings.max_steps < profiled_steps_needed(settings.profile):
         problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
                         f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")
