@@ -260,7 +260,8 @@ def validate(settings, world_size, device_type="cpu"):
         raise ConfigError("\n".join(problems))
     try:
         ds_config = dsc.load(settings.ds_config)
-        config_problems = dsc.problems(ds_config, settings.ds_config)
+        config_problems = dsc.problems(ds_config, settings.ds_config) or dsc.output_problems(ds_config,
+                                                                                            settings.ds_config)
         problems += config_problems
         if not config_problems and device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
             problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "

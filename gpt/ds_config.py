@@ -433,7 +433,6 @@ def trainer_problems(ds_config, path):
     if (ds_config.get("checkpoint") or {}).get("load_universal"):
         found.append(f"{path}: checkpoint.load_universal is not supported yet: --resume loads this trainer's own "
                      f"checkpoints, not DeepSpeed's universal ones; remove it")
-    found += output_problems(ds_config, path)
     if found:
         return found
     run_precision = precision(ds_config)
@@ -486,7 +485,8 @@ def loss_scale_problems(fp16, path):
 
 def output_problems(ds_config, path):
     """DeepSpeed's monitors and flops profiler, enabled: the package each imports installed, and the directory or
-    file it writes possible to make (they fail inside the run otherwise)."""
+    file it writes possible to make (they fail inside the run otherwise). For a JSON problems() passed, on the
+    machine that runs it: the trainer asks, gpt-plan (which may plan for another machine) does not."""
     found, parsed_config = [], parsed(ds_config, *MONITOR_PACKAGES, "flops_profiler")
     for name, package in MONITOR_PACKAGES.items():
         monitor = getattr(parsed_config.monitor_config, name)
