@@ -68,6 +68,24 @@ def out_dir_problem(flag, out_dir):
     return None
 
 
+def out_file_problem(flag, path):
+    """Why a file cannot be written at `path` (out_dir_problem's reasons for a path that does not exist yet; for
+    one that does: a directory, a FIFO or another special file but a character device such as /dev/null, or an
+    unwritable file), or None."""
+    if not str(path).strip():
+        return f"{flag} is empty: name a file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # absent, or in a path that cannot hold it: out_dir_problem says which part is in the way
+        return out_dir_problem(flag, path)
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a FIFO would block the writer until a reader comes
+        return f"{flag} {path} is " + next((kind for test, kind in NOT_REGULAR if test(mode)), "a special file") + \
+            ", not a regular file"
+    if not os.access(path, os.W_OK):
+        return f"{flag} {path} is not writable"
+    return None
+
+
 NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 

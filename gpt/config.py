@@ -5,7 +5,6 @@ Derived values (model shape, gradient accumulation) are computed here, once, bef
 or tensor exists, so bad input fails fast with a message instead of deep inside a worker.
 """
 import argparse
-import math
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -205,6 +204,7 @@ MAX_STEPS = 10**8  # checkpoints are named step_%08d (gpt.checkpoint.TAG_PATTERN
 MAX_TOTAL_BATCH_TOKENS = 2**32  # 4.3B tokens per step, ~270x the largest published batches (16M, Llama 3): hours a step
 TOTAL_BATCH_TOKENS_RANGE = ("total_batch_tokens", 1, True, MAX_TOTAL_BATCH_TOKENS,
                             "2**32, hours a step on any hardware")  # gpt-plan's too
+MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600  # seconds; far beyond, datetime.timedelta overflows
 MAX_SAMPLE_TOKENS = 4096  # 4x GPT-2's context; rank 0 samples while the other ranks wait for it at the next collective
 
 # Numeric flags and the least each may be: (name, minimum, whether the minimum itself is allowed[, maximum, why]).
@@ -214,10 +214,7 @@ NUMBER_RANGES = [("seq_len", 1, True), TOTAL_BATCH_TOKENS_RANGE,
                  ("max_bad_steps", 1, True), ("save_every", 0, True), ("keep_last", 1, True), ("keep_every", 0, True),
                  ("val_every", 0, True), ("val_tokens", 1, True), ("eval_every", 1, True), ("sample_every", 0, True),
                  ("sample_tokens", 1, True, MAX_SAMPLE_TOKENS, "rank 0 samples while the other ranks wait for it"),
-                 ("collective_timeout", 0, False), ("profile", 0, True)]
-
-
-MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600
+                 ("collective_timeout", 0, False, MAX_COLLECTIVE_TIMEOUT, "seconds: a week"), ("profile", 0, True)]
 
 
 def number_problems(settings):
@@ -231,9 +228,6 @@ def number_problems(settings):
         problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
     if seed_problem("--seed", settings.seed):
         problems.append(seed_problem("--seed", settings.seed))
-    if math.isfinite(settings.collective_timeout) and settings.collective_timeout > MAX_COLLECTIVE_TIMEOUT:
-        problems.append(f"--collective_timeout {settings.collective_timeout:g} must be at most "
-                        f"{MAX_COLLECTIVE_TIMEOUT} seconds (a week)")  # far beyond: timedelta overflows
     if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
         problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
     for name in ("n_layer", "n_embd", "n_head"):
@@ -241,6 +235,15 @@ def number_problems(settings):
         if value is not None and value <= 0:
             problems.append(f"--{name} must be positive (got {value})")
     return problems
+
+
+def model_flags(settings):
+    """The flags that chose the model's shape, as given: '--model tiny --vocab_size 1000000000000'."""
+    given = [f"--{name} {getattr(settings, name)}" for name in ("n_layer", "n_embd", "n_head")
+             if getattr(settings, name) is not None]
+    if settings.vocab_size != PADDED_VOCAB_SIZE:
+        given.append(f"--vocab_size {settings.vocab_size}")
+    return " ".join([f"--model {settings.model}", *given])
 
 
 def validate(settings, world_size, device_type="cpu"):
@@ -251,7 +254,8 @@ def validate(settings, world_size, device_type="cpu"):
         raise ConfigError("\n".join(problems))
     try:
         ds_config = dsc.load(settings.ds_config)
-        config_problems = dsc.problems(ds_config, settings.ds_config)
+        config_problems = dsc.problems(ds_config, settings.ds_config) or dsc.output_problems(ds_config,
+                                                                                            settings.ds_config)
         problems += config_problems
         if not config_problems and device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
             problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
@@ -269,6 +273,10 @@ def validate(settings, world_size, device_type="cpu"):
         problems.append(f"--vocab_size must be positive (got {mconfig.vocab_size})")
     elif mconfig.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {mconfig.vocab_size} < {GPT2_VOCAB_SIZE}")
+    if not config_problems and mconfig.vocab_size > 0 and mconfig.n_embd % mconfig.n_head == 0:
+        from gpt.plan import model_memory_problem  # the planner imports this module
+        problems += [p for p in [model_memory_problem(model_flags(settings), mconfig, ds_config, world_size,
+                                                      device_type)] if p]
     if settings.max_steps < profiled_steps_needed(settings.profile):
         problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
                         f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")

@@ -3,15 +3,17 @@ check before launch (DeepSpeed's own parser, and what DeepSpeed 0.19 accepts but
 and the copy filled with what the run decides."""
 import copy
 import difflib
+import importlib.util
 import json
 import math
+import os
 import typing
 from collections import Counter
 from pathlib import Path
 
 import pydantic
 
-from gpt.args import regular_file_problem
+from gpt.args import out_dir_problem, out_file_problem, regular_file_problem
 
 # Top-level keys DeepSpeed 0.19 reads (its runtime constants, and the sections with a parser of their own);
 # DeepSpeed itself ignores any other key silently, so a misspelled `zero_optimisation` would run ZeRO 0.
@@ -43,6 +45,17 @@ RUN_DECIDES = {"train_batch_size": "--total_batch_tokens and --seq_len",
                "train_micro_batch_size_per_gpu": "--micro_batch",
                "gradient_accumulation_steps": "--total_batch_tokens, --micro_batch, --seq_len and the world size",
                "scheduler": "--lr, --warmup_steps, --max_steps and --min_lr_ratio: the GPT-3 schedule"}
+# The largest ZeRO bucket (elements): DeepSpeed allocates a bucket whole, so 1e13 asked for 40 TB inside the run.
+# 2**32 elements is 16 GiB in fp32, 8.6x DeepSpeed's default of 5e8; past ~1e8 elements a bucket gains no bandwidth.
+MAX_BUCKET_SIZE = 2**32
+# fp16 loss scales. Dynamic: the first scale is 2**initial_scale_power, halved (and the step skipped) at each
+# overflow; 2**32 is the largest start in common use (Megatron-LM's default), 2**10000 overflows Python's float.
+# Static: fp16's largest value is 65504 (~2**16), so a scale past 2**24 overflows every gradient above 2**-8, and
+# every such step is skipped, without a word.
+MAX_INITIAL_SCALE_POWER = 32
+MAX_STATIC_LOSS_SCALE = 2**24
+# DeepSpeed's monitors and the Python package each imports when enabled (csv_monitor: none).
+MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "comet": "comet_ml", "csv_monitor": None}
 OPTIMIZERS = ("AdamW", "Adam")  # what this trainer's schedule and parameter groups are made for
 OPTIMIZER_KEYS = ("type", "params", "legacy_fusion")
 # The parameters DeepSpeed 0.19 passes on to its FusedAdam or (torch_adam) torch's Adam/AdamW, and their checks.
@@ -88,6 +101,20 @@ def _repeated_keys(value, where=""):
     return found, plain
 
 
+MAX_DEPTH = 32  # nesting levels of a DeepSpeed JSON: its deepest blocks (data_efficiency, compression_training) need ~6
+
+
+def _depth(value):
+    """How many levels of objects and arrays `value` nests (0: a scalar), counted without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        value, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, (dict, list)) and depth <= MAX_DEPTH:
+            todo += [(item, depth + 1) for item in (value.values() if isinstance(value, dict) else value)]
+    return deepest
+
+
 def load(path):
     """The DeepSpeed JSON as a dict, or a one-line reason why not (repeated keys included: DeepSpeed would
     take the last one without a word)."""
@@ -105,10 +132,16 @@ def load(path):
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DeepSpeedConfigError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    too_deep = False
     try:
         config = json.loads(text, object_pairs_hook=_JSONObject)
     except json.JSONDecodeError as e:
         raise DeepSpeedConfigError(f"{path}: invalid JSON ({e})") from None
+    except RecursionError:  # json's parser recurses once per level: thousands of levels exhaust Python's stack
+        too_deep = True
+    if too_deep or _depth(config) > MAX_DEPTH:
+        raise DeepSpeedConfigError(f"{path}: nested more than {MAX_DEPTH} levels deep (DeepSpeed's deepest blocks "
+                                   f"need about 6)")
     if not isinstance(config, dict):
         raise DeepSpeedConfigError(f"{path}: expected a JSON object")
     repeated, config = _repeated_keys(config)
@@ -392,6 +425,14 @@ def trainer_problems(ds_config, path):
     if (ds_config.get("torch_autocast") or {}).get("enabled", False):
         found.append(f"{path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead")
     found += optimizer_problems(ds_config.get("optimizer", {}), path)
+    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+        size = getattr(zero, key)
+        if key in ds_config.get("zero_optimization", {}) and size > MAX_BUCKET_SIZE:
+            found.append(f"{path}: zero_optimization.{key} {size} must be at most {MAX_BUCKET_SIZE} (2**32 elements, "
+                         f"16 GiB in fp32): ZeRO allocates its buckets whole (DeepSpeed's default: 500000000)")
+    if (ds_config.get("checkpoint") or {}).get("load_universal"):
+        found.append(f"{path}: checkpoint.load_universal is not supported yet: --resume loads this trainer's own "
+                     f"checkpoints, not DeepSpeed's universal ones; remove it")
     if found:
         return found
     run_precision = precision(ds_config)
@@ -409,6 +450,10 @@ def trainer_problems(ds_config, path):
     if run_precision == "fp16" and hysteresis < 1:  # DynamicLossScaler counts down to 1: from below it never gets there
         return [f"{path}: fp16.hysteresis {hysteresis} must be >= 1 (below, the loss scale would never drop on "
                 f"overflow and every step would be skipped)"]
+    if run_precision == "fp16":
+        found = loss_scale_problems(parsed(ds_config, "fp16").float16_config, path)
+        if found:
+            return found
     if run_precision == "fp16" and zero_stage(ds_config) == 0:
         # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
         # grad norms and clipping come out wrong by the loss scale.
@@ -417,6 +462,46 @@ def trainer_problems(ds_config, path):
         # DeepSpeed 0.19 raises NotImplementedError inside deepspeed.initialize for this mix.
         return [f"{path}: bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype) needs ZeRO stage 1 or 2"]
     return []
+
+
+def loss_scale_problems(fp16, path):
+    """fp16's loss scale (DeepSpeed's parsed fp16 block): a dynamic scale's start and floor, a static scale's size."""
+    if fp16.loss_scale:  # static
+        if fp16.loss_scale > MAX_STATIC_LOSS_SCALE:
+            return [f"{path}: fp16.loss_scale {fp16.loss_scale:g} must be at most {MAX_STATIC_LOSS_SCALE} (2**24) "
+                    f"for a static scale: beyond it every gradient above 2**-8 overflows fp16 (largest 65504) and its "
+                    f"step is skipped; use 0 (dynamic) or a power of two such as 65536"]
+        return []
+    power = fp16.initial_scale_power
+    if not 0 <= power <= MAX_INITIAL_SCALE_POWER:
+        return [f"{path}: fp16.initial_scale_power {power} must lie in [0, {MAX_INITIAL_SCALE_POWER}]: the first loss "
+                f"scale is 2**power, and a larger one only overflows, each halving a skipped step (DeepSpeed's "
+                f"default: 16)"]
+    if fp16.min_loss_scale > 2**power:
+        return [f"{path}: fp16.min_loss_scale {fp16.min_loss_scale} exceeds the first loss scale 2**{power} = "
+                f"{2**power} (fp16.initial_scale_power): the floor must lie at or below the start"]
+    return []
+
+
+def output_problems(ds_config, path):
+    """DeepSpeed's monitors and flops profiler, enabled: the package each imports installed, and the directory or
+    file it writes possible to make (they fail inside the run otherwise). For a JSON problems() passed, on the
+    machine that runs it: the trainer asks, gpt-plan (which may plan for another machine) does not."""
+    found, parsed_config = [], parsed(ds_config, *MONITOR_PACKAGES, "flops_profiler")
+    for name, package in MONITOR_PACKAGES.items():
+        monitor = getattr(parsed_config.monitor_config, name)
+        if not monitor.enabled:
+            continue
+        if package and importlib.util.find_spec(package) is None:
+            found.append(f"{path}: {name}.enabled needs the {package} package, which is not installed "
+                         f"(pip install {package}, or disable it)")
+        if hasattr(monitor, "output_path"):  # DeepSpeed writes into output_path/job_name
+            found += [p for p in [out_dir_problem(f"{path}: {name}.output_path",
+                                                  os.path.join(monitor.output_path, monitor.job_name))] if p]
+    profiler = parsed_config.flops_profiler_config
+    if profiler.enabled and profiler.output_file:
+        found += [p for p in [out_file_problem(f"{path}: flops_profiler.output_file", profiler.output_file)] if p]
+    return found
 
 
 def optimizer_problems(optimizer, path):

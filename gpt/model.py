@@ -23,6 +23,14 @@ class GPTConfig:
     vocab_size: int = PADDED_VOCAB_SIZE
 
 
+def param_count(config):
+    """GPT(config).num_params() from the shape alone, in Python's integers: for shapes too large to build even on
+    the meta device (whose storage size overflows int64). wte + wpe + n_layer blocks of 12 C^2 + 13 C (c_attn,
+    c_proj, c_fc, mlp.c_proj with their biases, two LayerNorms) + ln_f; lm_head is tied to wte."""
+    c = config.n_embd
+    return (config.vocab_size + config.block_size) * c + config.n_layer * (12 * c * c + 13 * c) + 2 * c
+
+
 # GPT-2 sizes (Radford et al. 2019) plus tiny ones that train in minutes on a CPU.
 PRESETS = {
     "d12": GPTConfig(n_layer=12, n_head=12, n_embd=768),  # 124M

@@ -20,6 +20,7 @@ and returns the largest micro-batch that fits and the gradient accumulation for 
 """
 import functools
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -32,7 +33,7 @@ from gpt.config import GPT3_TOKENS_PER_STEP, TOTAL_BATCH_TOKENS_RANGE, ConfigErr
 from gpt.loss import CHUNK_ROWS, LOSSES, memory_kind
 from gpt.memory import (expandable_segments, measure_loss_chunk_bytes, measure_step_bytes,
                         trainer_uses_expandable_segments)
-from gpt.model import GPT, GPTConfig
+from gpt.model import GPTConfig, param_count
 
 MiB, GiB = 2**20, 2**30
 # Device memory as CUDA reports it (torch.cuda.get_device_properties().total_memory), which is less than
@@ -181,17 +182,20 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
     precision = dsc.precision(ds_config)
     stage = dsc.zero_stage(ds_config)
     checkpointing = dsc.uses_activation_checkpointing(ds_config)
-    with torch.device("meta"):
-        n_params = GPT(config).num_params()
+    n_params = param_count(config)  # a closed form: an absurd shape would overflow even the meta device
 
     def parts(batch):
         return plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing,
                           loss, allocator, context_bytes)
 
+    states = sum(v for k, v in parts(1).items() if k in MODEL_STATE_PARTS)
+    if states > device_bytes:  # whatever the batch: no checkpointing helps
+        raise PlanError(f"the model states alone ({n_params:.3g} parameters: weights, gradients, optimizer states) "
+                        f"need {states / GiB:,.1f} GiB per GPU, more than its {device_bytes / GiB:,.1f} GiB: choose a "
+                        f"smaller model, or more GPUs with ZeRO 1 or 2")
     if sum(parts(1).values()) > device_bytes:
-        states = sum(v for k, v in parts(1).items() if k in MODEL_STATE_PARTS)
-        raise PlanError(f"even micro-batch 1 needs {sum(parts(1).values()) / GiB:.1f} GiB of the GPU's "
-                        f"{device_bytes / GiB:.1f} GiB (model states {states / GiB:.1f} GiB); "
+        raise PlanError(f"even micro-batch 1 needs {sum(parts(1).values()) / GiB:,.1f} GiB of the GPU's "
+                        f"{device_bytes / GiB:,.1f} GiB (model states {states / GiB:,.1f} GiB); "
                         f"use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory")
     low, high = 1, MAX_MICRO_BATCH  # the total grows with the batch: bisect for the largest that fits
     while low < high:
@@ -230,6 +234,36 @@ def device_memory_bytes(device_type):
     import psutil
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
     return psutil.virtual_memory().available / local_ranks, f"CPU RAM / {local_ranks} local rank(s)"
+
+
+def device_total_bytes(device_type):
+    """All of one rank's device memory, whatever is in use now: the GPU's total, or the machine's physical RAM
+    shared by the local ranks. (device_memory_bytes plans with what is free; a refusal needs what never fits.)"""
+    import os
+
+    if device_type == "cuda":
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return total, f"the GPU's {total / GiB:,.1f} GiB"
+    import psutil
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
+    total = psutil.virtual_memory().total
+    return total / local_ranks, f"this machine's {total / GiB:,.1f} GiB of RAM" + (
+        f" shared by {local_ranks} local ranks" if local_ranks > 1 else "")
+
+
+def model_memory_problem(label, config, ds_config, world_size, device_type):
+    """Why the model's states alone (weights, gradients, Adam's moments and master weights, ZeRO's buckets, as
+    model_state_bytes counts them per rank) cannot fit this rank's device however small the batch, or None.
+    label: the flags that chose the model."""
+    n_params = param_count(config)
+    precision, stage = dsc.precision(ds_config), dsc.zero_stage(ds_config)
+    need = sum(model_state_bytes(n_params, precision, stage, world_size, ds_config).values())
+    have, what = device_total_bytes(device_type)
+    if need <= have:
+        return None
+    return (f"{label}: {n_params:.3g} parameters, whose weights, gradients and optimizer states need "
+            f"{need / GiB:,.1f} GiB per rank ({precision}, ZeRO {stage}, {world_size} rank(s)), more than {what}: "
+            f"choose a smaller model, or more ranks with ZeRO 1 or 2")
 
 
 def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type, loss):
@@ -297,6 +331,7 @@ def build_parser():
 
 
 DEFAULT_DS_CONFIG = "ds_configs/zero1_bf16.json"
+MAX_GPU_MEM_GIB = 1024  # 3.5x the largest GPUs' (288 GB: B300, MI355X)
 DEFAULT_WORLD_SIZE = 8
 
 
@@ -306,6 +341,8 @@ def check_args(args):
     problems = range_problems(args, [("seq_len", 1, True), ("world_size", 1, True), TOTAL_BATCH_TOKENS_RANGE,
                                      ("gpu_mem", 0, False), ("n_layer", 1, True), ("n_embd", 1, True),
                                      ("n_head", 1, True)])
+    if args.gpu_mem is not None and MAX_GPU_MEM_GIB < args.gpu_mem < math.inf:  # 1e308 GiB: inf bytes, planned
+        problems.append(f"--gpu_mem {args.gpu_mem:g} GiB is beyond any GPU: at most {MAX_GPU_MEM_GIB} GiB")
     if args.measure:
         if args.gpu:
             problems.append("--measure measures the GPU it runs on: drop --gpu (--gpu_mem GiB stands in for a "

@@ -11,7 +11,8 @@ import torch
 
 from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock
 from gpt import engine as ds_engine
-from gpt.config import ConfigError, Settings, gradient_accumulation, number_problems, resolve_defaults, validate
+from gpt.config import (ConfigError, Settings, gradient_accumulation, model_flags, number_problems, resolve_defaults,
+                        validate)
 from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, fingerprints, unfinished_preparations
 from gpt.disk import write_problem
 from gpt.ds_config import precision, zero_stage
@@ -20,7 +21,7 @@ from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import InteropError, load_hf_weights
 from gpt.loss import model_with_loss
 from gpt.metrics import MetricsLogger, peak_flops, say
-from gpt.model import GPT, GPTConfig
+from gpt.model import GPT, GPTConfig, param_count
 from gpt.optim import lr_at
 from gpt.plan import resolve_auto_micro_batch
 from gpt.probe import dividing_sizes, probe_micro_batch
@@ -451,10 +452,34 @@ def main(settings, stop=None):
         stop.close()
 
 
+def out_of_memory(error):
+    """Whether `error` is an allocation that failed: torch.OutOfMemoryError on a GPU, the CPU allocator's
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory"), Python's MemoryError."""
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(error)
+
+
+def out_of_memory_message(prepared, error):
+    """One line for an allocation that failed while the model and its engine were built: the model, what its
+    states need per rank (the planner's count), what to do, and the allocator's own first line."""
+    from gpt.plan import GiB, model_state_bytes
+    n_params = param_count(prepared.model_config)
+    need = sum(model_state_bytes(n_params, precision(prepared.ds_config), zero_stage(prepared.ds_config),
+                                 dist.world_size(), prepared.ds_config).values())
+    reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
+    return (f"out of memory building the model and its DeepSpeed engine ({model_flags(prepared.settings)}: "
+            f"{n_params:.3g} parameters, whose weights, gradients and optimizer states need {need / GiB:,.1f} GiB per "
+            f"rank): choose a smaller model, more ranks with ZeRO 1 or 2, or a device with more memory ({reason})")
+
+
 def train(settings, stop):
     prepared = prepare(settings)
     try:
-        run = build(prepared)
+        try:
+            run = build(prepared)
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            if not out_of_memory(e):
+                raise
+            fail(out_of_memory_message(prepared, e), code=1, every_rank=True)
         fit(run, resume(run, prepared.resume_from), stop)
     except DiskProblem as e:
         fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)

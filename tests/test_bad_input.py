@@ -5,15 +5,20 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 import train_ds
 from conftest import REPO, free_port, out_dir_of, two_rank_run
 from gpt.config import parse, resolve_defaults, validate
+from gpt import dist
 from gpt.data import write_shard
+from gpt.plan import device_total_bytes
 
 
 @pytest.fixture
@@ -167,7 +172,7 @@ def hf_dir(tmp_path, **changes):
 ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
 OPTIMIZER = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["optimizer"]
 # (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON,
-# {tmp}: tmp_path)
+# {tmp}: tmp_path, {device}: what this machine's device holds, as gpt.plan.device_total_bytes says)
 TRAIN_CASES = [
     (["--ds_config", "ds_configs/zero2_fp16.json"],
      "error: ds_configs/zero2_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
@@ -265,7 +270,7 @@ TRAIN_CASES = [
      "error: {tmp}/hf/config.json: invalid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
      "(char 1))"),
     (lambda t: ["--hellaswag", str(t / "nope.jsonl")], "error: {tmp}/nope.jsonl: file not found"),
-    (["--collective_timeout", "1e300"], "error: --collective_timeout 1e+300 must be at most 604800 seconds (a week)"),
+    (["--collective_timeout", "1e300"], "error: --collective_timeout 1e+300 must be at most 604800 (seconds: a week)"),
     # numbers so large that the run would never end (they used to hang: a step of 4e15 micro-steps, 1e20 steps, a
     # sample of 1e20 tokens)
     (["--total_batch_tokens", "1024000000000000000"],
@@ -365,6 +370,53 @@ TRAIN_CASES = [
     (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
      'parameters themselves, which this trainer does not handle)'),
+    # absurd sizes: a traceback inside the run (RecursionError, OverflowError, a 40 TB allocation) or silent overflow
+    (lambda t: ["--ds_config", ds_file(t, '{"a":' * 100000 + "1" + "}" * 100000)],
+     "error: {path}: nested more than 32 levels deep (DeepSpeed's deepest blocks need about 6)"),
+    (lambda t: ["--cpu_fp16", "--ds_config", ds_json(t, fp16={"enabled": True, "initial_scale_power": 10000})],
+     "error: {path}: fp16.initial_scale_power 10000 must lie in [0, 32]: the first loss scale is 2**power, and a "
+     "larger one only overflows, each halving a skipped step (DeepSpeed's default: 16)"),
+    (lambda t: ["--cpu_fp16", "--ds_config", ds_json(t, fp16={"enabled": True, "initial_scale_power": 4,
+                                                              "min_loss_scale": 1e10})],
+     "error: {path}: fp16.min_loss_scale 10000000000 exceeds the first loss scale 2**4 = 16 "
+     "(fp16.initial_scale_power): the floor must lie at or below the start"),
+    (lambda t: ["--cpu_fp16", "--ds_config", ds_json(t, fp16={"enabled": True, "loss_scale": 1e40})],
+     "error: {path}: fp16.loss_scale 1e+40 must be at most 16777216 (2**24) for a static scale: beyond it every "
+     "gradient above 2**-8 overflows fp16 (largest 65504) and its step is skipped; use 0 (dynamic) or a power of two "
+     "such as 65536"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "reduce_bucket_size": 1e13,
+                                                             "allgather_bucket_size": 1e13})],
+     "error: {path}: zero_optimization.reduce_bucket_size 10000000000000 must be at most 4294967296 (2**32 elements, "
+     "16 GiB in fp32): ZeRO allocates its buckets whole (DeepSpeed's default: 500000000)\n"
+     "error: {path}: zero_optimization.allgather_bucket_size 10000000000000 must be at most 4294967296 (2**32 "
+     "elements, 16 GiB in fp32): ZeRO allocates its buckets whole (DeepSpeed's default: 500000000)"),
+    (["--vocab_size", "1000000000000"],
+     "error: --model tiny --vocab_size 1000000000000: 6.4e+13 parameters, whose weights, gradients and optimizer "
+     "states need 1,072,884.7 GiB per rank (bf16, ZeRO 1, 1 rank(s)), more than {device}: choose a smaller model, or "
+     "more ranks with ZeRO 1 or 2"),
+    (["--n_embd", "16777216", "--n_head", "1", "--ds_config", "ds_configs/zero2_fp32.json"],
+     "error: --model tiny --n_embd 16777216 --n_head 1: 6.76e+15 parameters, whose weights, gradients and optimizer "
+     "states need 125,844,930.2 GiB per rank (fp32, ZeRO 2, 1 rank(s)), more than {device}: choose a smaller model, "
+     "or more ranks with ZeRO 1 or 2"),
+    # DeepSpeed's monitors and profiler: what they write, and the packages they import, inside the run
+    (lambda t: ["--ds_config", ds_json(t, tensorboard={"enabled": True, "output_path": "/dev/null/x",
+                                                       "job_name": "j"})],
+     "error: {path}: tensorboard.output_path /dev/null/x/j: /dev/null is a file, not a directory"),
+    (lambda t: (t / "link").symlink_to(t / "gone") or [
+        "--ds_config", ds_json(t, csv_monitor={"enabled": True, "output_path": str(t / "link")})],
+     "error: {path}: csv_monitor.output_path {tmp}/link/DeepSpeedJobName: {tmp}/link is a symbolic link to {tmp}/gone, "
+     "which does not exist"),
+    (lambda t: ["--ds_config", ds_json(t, flops_profiler={"enabled": True, "profile_step": 1,
+                                                          "output_file": "/dev/null/x.txt"})],
+     "error: {path}: flops_profiler.output_file /dev/null/x.txt: /dev/null is a file, not a directory"),
+    (lambda t: ["--ds_config", ds_json(t, flops_profiler={"enabled": True, "output_file": str(t)})],
+     "error: {path}: flops_profiler.output_file {tmp} is a directory, not a regular file"),
+    pytest.param(lambda t: ["--ds_config", ds_json(t, wandb={"enabled": True})],
+                 "error: {path}: wandb.enabled needs the wandb package, which is not installed (pip install wandb, or "
+                 "disable it)", marks=pytest.mark.skipif(bool(find_spec("wandb")), reason="wandb is installed")),
+    (lambda t: ["--ds_config", ds_json(t, checkpoint={"load_universal": True})],
+     "error: {path}: checkpoint.load_universal is not supported yet: --resume loads this trainer's own checkpoints, "
+     "not DeepSpeed's universal ones; remove it"),
 ]
 
 
@@ -378,7 +430,8 @@ def test_bad_training_input_is_one_line_and_exit_2(run_main, tmp_path, flags, ex
     flags = flags(tmp_path) if callable(flags) else flags
     path = flags[flags.index("--ds_config") + 1] if "--ds_config" in flags else ""
     code, err = run_main("--out_dir", str(tmp_path / "out"), *flags)
-    assert (code, err) == (2, expected.format(path=path, tmp=tmp_path) + "\n")
+    device = device_total_bytes(dist.device_type())[1]  # the machine's memory, for the refusals of huge models
+    assert (code, err) == (2, expected.format(path=path, tmp=tmp_path, device=device) + "\n")
     assert not (tmp_path / "out").exists()  # nothing written
 
 
@@ -511,3 +564,29 @@ def test_an_unfinished_preparation_is_one_warning_and_trains(shakespeare_dir, tm
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {progress}: its gpt-prepare did not complete (2 shard(s) written): training on part of the corpus; "
         f"rerun the same gpt-prepare command to finish it"]
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+                 "allocate 256000000000000 bytes. Error code 12 (Cannot allocate memory)"),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")])
+def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(monkeypatch, capsys, error):
+    """The safety net behind the memory check before launch: an allocation that fails while the model and its
+    engine are built (what the check cannot see: other processes' memory, a cgroup's limit) ends the run with one
+    line naming the model, what it needs and what to do, exit 1."""
+    from gpt import ds_config as dsc, trainer
+    settings = parse(["--model", "tiny", "--vocab_size", "1000000", "--ds_config", "ds_configs/zero2_fp32.json"])
+    prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.ds_config), lock=None,
+                               model_config=settings.model_config)
+    monkeypatch.setattr(trainer, "prepare", lambda settings: prepared)
+
+    def build(prepared):
+        raise error
+    monkeypatch.setattr(trainer, "build", build)
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.main(settings)
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: out of memory building the model and its DeepSpeed engine (--model tiny --vocab_size 1000000: 6.41e+07 "
+        "parameters, whose weights, gradients and optimizer states need 2.7 GiB per rank): choose a smaller model, "
+        f"more ranks with ZeRO 1 or 2, or a device with more memory ({str(error)[:200]})\n")

@@ -211,6 +211,10 @@ CASES = [
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/ds_bucket.json",
      "error: {in}/ds_bucket.json: zero_optimization.reduce_bucket_size: Input should be greater than 0 (got -1)"),
     ("gpt-plan", "--gpu h100-80gb --wrold_size 8", "error: unrecognized arguments: --wrold_size 8"),
+    ("gpt-plan", "--gpu h100-80gb --n_embd 1000000000 --n_head 1",  # used to build it: "Storage size ... overflowed"
+     "error: the model states alone (1.44e+20 parameters: weights, gradients, optimizer states) need "
+     "1,005,828,740,211.4 GiB per GPU, more than its 79.2 GiB: choose a smaller model, or more GPUs with ZeRO 1 or 2"),
+    ("gpt-plan", "--gpu_mem 1e308", "error: --gpu_mem 1e+308 GiB is beyond any GPU: at most 1024 GiB"),  # planned inf
     ("gpt-plan", "--measure --gpu h100-80gb",
      "error: --measure measures the GPU it runs on: drop --gpu (--gpu_mem GiB stands in for a smaller card)"),
     ("gpt-plan", "--measure --world_size 8", "error: --measure runs one rank on this GPU: --world_size 8 cannot be "

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gpt.model import GPT, GPTConfig, PRESETS
+from gpt.model import GPT, GPTConfig, PRESETS, param_count
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=128)
 
@@ -28,7 +28,15 @@ def test_gpt2_sizes(preset, gpt2_params):
     # Built on the meta device: no memory is allocated.
     with torch.device("meta"):
         model = GPT(PRESETS[preset])
-    assert model.num_params() == gpt2_params + 47 * PRESETS[preset].n_embd
+    assert model.num_params() == gpt2_params + 47 * PRESETS[preset].n_embd == param_count(PRESETS[preset])
+
+
+def test_param_count_without_a_model():
+    """The closed form the planner and the trainer's memory check use, for shapes no device could hold."""
+    config = GPTConfig(n_layer=3, n_head=3, n_embd=96, block_size=77, vocab_size=1001)
+    with torch.device("meta"):
+        assert param_count(config) == GPT(config).num_params()
+    assert param_count(GPTConfig(n_embd=10**9, n_head=1)) > 2**63  # beyond int64: the meta device would overflow
 
 
 def test_initialisation_scales_residual_projections():
