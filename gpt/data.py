@@ -46,10 +46,14 @@ def write_shard(path, tokens):
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
     tmp = Path(f"{path}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype("<u2").tobytes())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype("<u2").tobytes())
+        os.replace(tmp, path)
+    except OSError:  # a full disk, a directory where the shard goes: leave no partial file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_shard_header(path):

@@ -48,3 +48,10 @@ def space_problem(flag, path, needed, what):
     if free < needed:
         return f"{flag} {path}: no space left on the device: {megabytes(free)} free, {what} needs {megabytes(needed)}"
     return None
+
+
+def os_error_line(error, default_path):
+    """One line for an OSError while writing: write_problem's where the disk is why, else the file and the system's
+    words (`[Errno 21] Is a directory: 'a' -> 'b'` names no file first, as the project's lines do)."""
+    path = error.filename2 or error.filename or default_path  # os.replace(tmp, target): the target is the user's
+    return write_problem(path, error) or f"{path}: {error.strerror or error}"

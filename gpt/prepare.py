@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from gpt.args import Parser, exit_if, json_line, out_dir_problem, range_problems, regular_file_problem
 from gpt.data import HEADER_BYTES, DataError, shard_name, write_shard
+from gpt.disk import os_error_line
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 DEFAULT_CACHE = Path.home() / ".cache" / "dsgpt"
@@ -491,8 +492,10 @@ def main(argv=None):
         corpus = SOURCES[args.source](args)
         counts = prepare(corpus, args.out_dir, name, args.shard_tokens, args.val_tokens or args.shard_tokens,
                          args.workers, settings)
-    except (DataError, OSError) as e:  # OSError: e.g. a full disk while writing
+    except DataError as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # a full disk while writing, a directory where a shard goes
+        sys.exit(f"error: {os_error_line(e, args.out_dir)}")
     print(f"{name}: {counts['train']:,} train and {counts['val']:,} val tokens in {args.out_dir}")
 
 

@@ -283,6 +283,9 @@ def resume(run, path):
         print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, {position} and "
                + ("RNG" if every_rng else "not the RNG of every rank (see the warning)"))
         schedule_changes(run, saved["args"], run.engine.lr_scheduler.last_epoch)
+        if saved["args"]["total_batch_tokens"] != run.settings.total_batch_tokens:  # allowed: the data order holds
+            print0(f"--total_batch_tokens {run.settings.total_batch_tokens:,} (the checkpoint's run had "
+                   f"{saved['args']['total_batch_tokens']:,}): grad_accum {run.grad_accum} from here on")
     else:
         set_schedule_position(run, step)
         epoch = restart_data(run.train_loader, state["loader"])

@@ -274,3 +274,7 @@ def test_resume_with_another_max_steps(tmp_path, shakespeare_dir):
             f"{lr_at(4, lr, warmup, 4, min_lr_ratio):.4g})") in proc.stdout.splitlines()
     assert [(r["step"], r["lr"]) for r in records if "loss" in r][4:] == [
         (step, pytest.approx(lr_at(step, lr, warmup, 8, min_lr_ratio), rel=1e-12)) for step in range(4, 8)]
+    # a larger batch per step is allowed (the data order depends on the micro-batch, not the accumulation): said
+    _, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", "9", "--resume", "auto", "--total_batch_tokens",
+                    "1024")
+    assert "--total_batch_tokens 1,024 (the checkpoint's run had 512): grad_accum 4 from here on" in proc.stdout

@@ -119,3 +119,27 @@ def test_bad_file_inputs_are_clear_errors(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'a.jsonl'}:1: no 'text' field (fields: body); choose one with --text_field")
+
+
+def test_a_directory_where_a_shard_goes_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
+    """os.replace onto a directory used to print `[Errno 21] Is a directory: '...bin.tmp' -> '...bin'` and leave
+    the .tmp shard behind."""
+    text = tmp_path / "docs.jsonl"
+    text.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS[:20]))
+    out = tmp_path / "out"
+    (out / "corpus_val_000000.bin").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(text), "--out_dir", str(out), "--val_tokens", "50"])
+    assert exit_info.value.code == f"error: {out}/corpus_val_000000.bin: Is a directory"
+    assert sorted(p.name for p in out.iterdir()) == ["corpus_val_000000.bin"]  # no .tmp, no progress file
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "out" / "corpus_val_000000.bin.tmp"))
+    monkeypatch.setattr("gpt.prepare.write_shard", full)
+    text = tmp_path / "docs.jsonl"
+    text.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS[:20]))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(text), "--out_dir", str(tmp_path / "out"), "--val_tokens", "50"])
+    assert exit_info.value.code == f"error: {tmp_path}/out/corpus_val_000000.bin.tmp: no space left on the device"
