@@ -273,10 +273,6 @@ def validate(settings, world_size, device_type="cpu"):
         problems.append(f"--vocab_size must be positive (got {mconfig.vocab_size})")
     elif mconfig.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {mconfig.vocab_size} < {GPT2_VOCAB_SIZE}")
-    if not config_problems and mconfig.vocab_size > 0 and mconfig.n_embd % mconfig.n_head == 0:
-        from gpt.plan import model_memory_problem  # the planner imports this module
-        problems += [p for p in [model_memory_problem(model_flags(settings), mconfig, ds_config, world_size,
-                                                      device_type)] if p]
     if settings.max_steps < profiled_steps_needed(settings.profile):
         problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
                         f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")

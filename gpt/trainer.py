@@ -23,7 +23,7 @@ from gpt.loss import model_with_loss
 from gpt.metrics import MetricsLogger, peak_flops, say
 from gpt.model import GPT, GPTConfig, param_count
 from gpt.optim import lr_at
-from gpt.plan import resolve_auto_micro_batch
+from gpt.plan import model_memory_problem, resolve_auto_micro_batch
 from gpt.probe import dividing_sizes, probe_micro_batch
 from gpt.profiling import step_profiler
 from gpt.stop import StopRequest
@@ -130,6 +130,9 @@ def setup(settings):
             settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
             print0(text)
         ds_config, model_config, grad_accum = validate(settings, world_size, device_type)
+        too_large = model_memory_problem(model_flags(settings), model_config, ds_config, world_size, device_type)
+        if too_large:  # here, not in validate(): the planner imports gpt.config
+            raise ConfigError(too_large)
         if dist.launched_rank() == 0:
             for warning in unfinished_preparations(settings.data):
                 say(warning, sys.stderr)

@@ -59,6 +59,7 @@ def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_ch
                                 config.block_size)
     expected = {"device": "cpu", "precision": "fp32",
                 "val_loss": validation_loss(model, ValidationSet(find_shards(shakespeare_dir, "val"), 64, 32, 8), CPU),
+                "val_tokens": 32 * 64,
                 **{f"hellaswag_{k}": v for k, v in scores.items()}}
     assert runs == [expected] * 3  # equality, not a tolerance
 
