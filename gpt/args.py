@@ -109,6 +109,18 @@ def regular_file_problem(path):
         ", not a regular file"
 
 
+def directory_problem(path):
+    """Why an existing `path` (or a symbolic link there) is not a directory to write into, or None: nothing
+    there, or a directory. Decided by stat alone."""
+    if os.path.isdir(path) or not os.path.lexists(path):
+        return None
+    if not os.path.exists(path):
+        return regular_file_problem(path)  # a dangling or looping link: said as for a file
+    mode = os.stat(path).st_mode
+    return f"{path}: " + ("a file" if stat.S_ISREG(mode) else next(
+        (kind for test, kind in NOT_REGULAR if test(mode)), "a special file")) + ", not a directory"
+
+
 def exit_if(problems):
     """Exit with status 1 and one `error:` line per problem, if there are any."""
     problems = [p for p in problems if p]

@@ -17,13 +17,14 @@ import re
 import pickle
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from gpt import dist
-from gpt.args import out_dir_problem
+from gpt.args import directory_problem, out_dir_problem, regular_file_problem
 from gpt.data import data_changes, describe_changes
 from gpt.disk import NEARLY_FULL, nearest_existing, space_problem
 from gpt.metrics import say
@@ -83,22 +84,56 @@ def file_sizes(path):
             if p.is_file() and p.name != COMPLETE}
 
 
+def json_kind(value):
+    """JSON's name for a parsed value's type: 'an array', 'a string', ..."""
+    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            type(None): "null", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def not_regular(path):
+    """regular_file_problem without the path in front: 'a FIFO (named pipe), not a regular file', or None."""
+    problem = regular_file_problem(path)
+    return problem and problem.removeprefix(f"{path}: ")
+
+
+def marker_problem(marker):
+    """Why a parsed complete.json is not one save() writes: {"step": N, "files": {name: bytes}} ("files" is
+    absent in markers written before sizes were recorded), or None."""
+    if not isinstance(marker, dict):
+        return f"{json_kind(marker)}, not an object"
+    if type(marker.get("step")) is not int or marker["step"] < 0:
+        return f"'step' {json.dumps(marker.get('step'))} is not a step number"
+    files = marker.get("files", {})
+    if not (isinstance(files, dict) and all(type(size) is int and size >= 0 for size in files.values())):
+        return "'files' is not an object of file sizes"
+    return None
+
+
 def damage(path):
-    """Why a complete checkpoint cannot be loaded, or None: a file written at save is missing or no longer
+    """Why a complete checkpoint cannot be loaded, or None: its complete.json is not a regular file (a FIFO
+    would block the read forever) or not one save() writes, or a file written at save is missing or no longer
     its recorded size. RNG files are left to load(), which says when one is missing. Markers written before
     sizes were recorded are trusted."""
+    marker = Path(path) / COMPLETE
+    problem = not_regular(marker)
+    if problem:
+        return f"unreadable {COMPLETE} ({problem})"
     try:
-        recorded = json.loads((Path(path) / COMPLETE).read_text())["files"]
-    except KeyError:
-        return None
-    except (OSError, ValueError, TypeError) as e:
+        parsed = json.loads(marker.read_text())
+    except (OSError, ValueError) as e:
         return f"unreadable {COMPLETE} ({e})"
+    problem = marker_problem(parsed)
+    if problem:
+        return f"unreadable {COMPLETE} ({problem})"
+    if "files" not in parsed:
+        return None
+    recorded = parsed["files"]
     actual = file_sizes(path)
     for name, size in recorded.items():
         if RNG_PATTERN.match(name):
             continue
         if name not in actual:
-            return f"{name} is missing"
+            return f"{name} is {not_regular(Path(path) / name) if os.path.lexists(Path(path) / name) else 'missing'}"
         if actual[name] != size:
             return f"{name} has {actual[name]} bytes, {size} were written"
     return None
@@ -151,7 +186,8 @@ def newest_intact(ckpt_dir):
         problem = damage(Path(ckpt_dir) / tag)
         if problem is None:
             return Path(ckpt_dir) / tag
-        warn(f"{Path(ckpt_dir) / tag}: damaged checkpoint ({problem}); falling back to the one before it")
+        if tag != tags[0]:  # the oldest has none before it: the error below says so
+            warn(f"{Path(ckpt_dir) / tag}: damaged checkpoint ({problem}); falling back to the one before it")
     if tags:
         raise CheckpointError(f"{ckpt_dir}: every complete checkpoint is damaged (the oldest, {tags[0]}: {problem})")
     return None
@@ -220,13 +256,44 @@ def set_aside_damaged(ckpt_dir):
             warn(f"{path}: damaged checkpoint set aside as {target.name}")
 
 
-def check_writable(out_dir):
+# The paths a run writes under its out_dir, what each must be if it is there already, and what it is for. The
+# TensorBoard events (events.out.tfevents.*, a new name per run) go into out_dir itself.
+RUN_FILES = (("run.lock", "the run's lock file"), ("metrics.jsonl", "the run's metrics log"),
+             (f"{CHECKPOINTS}/{LATEST}", "the name of the newest checkpoint"))
+RUN_DIRS = ((CHECKPOINTS, "where the run saves its checkpoints"),)
+
+
+def run_path_problems(out_dir):
+    """What is in the way of the files and directories a run writes under out_dir: a directory, a FIFO (which
+    would block the open forever), a dangling link where a file goes; a file where a directory goes. Found
+    only when the run wrote there (an IsADirectoryError at the first save), or never (a hang)."""
+    problems = []
+    for name, what in RUN_FILES:
+        path = Path(out_dir) / name
+        if os.path.lexists(path) and regular_file_problem(path):
+            problems.append(f"{regular_file_problem(path)} ({what}): move it away, or use another --out_dir")
+    for name, what in RUN_DIRS:
+        problem = directory_problem(Path(out_dir) / name)
+        if problem:
+            problems.append(f"{problem} ({what}): move it away, or use another --out_dir")
+    return problems
+
+
+def check_writable(out_dir, data_dir=None):
     """--out_dir and its checkpoints/ can be made and written (the nearest existing ancestor of each is a
-    writable directory: a read-only checkpoints/ would fail only at the first save), and --out_dir is not
-    itself a run's checkpoints/ directory or one of its checkpoints (the run would mix its files into them)."""
+    writable directory: a read-only checkpoints/ would fail only at the first save), nothing is in the way of
+    the files the run writes there (run_path_problems), --out_dir is not --data (the run's files would land among
+    the shards), and it is not itself a run's checkpoints/ directory or one of its checkpoints (the run would mix
+    its files into them)."""
     problem = out_dir_problem("--out_dir", out_dir)
     if problem:
         raise CheckpointError(problem)
+    if data_dir and os.path.isdir(out_dir) and os.path.isdir(data_dir) and os.path.samefile(out_dir, data_dir):
+        raise CheckpointError(f"--out_dir {out_dir} is the --data directory: the run's checkpoints, metrics and lock "
+                              f"file would land among its shards; use another --out_dir")
+    problems = run_path_problems(out_dir)
+    if problems:
+        raise CheckpointError("\n".join(problems))
     out_dir = Path(out_dir)
     if (out_dir / COMPLETE).exists() or (out_dir / RUN_CONFIG).exists():
         raise CheckpointError(f"--out_dir {out_dir} is a checkpoint of the run in {out_dir.parent.parent}: to "
@@ -266,11 +333,68 @@ def check_fresh_out_dir(out_dir):
                               f"--resume auto, or start afresh with another --out_dir")
 
 
+# run_config.json's keys read by the trainer's resume and the console scripts, and what each must hold
+RUN_CONFIG_ARGS = {"warmup_steps": (int,), "micro_batch": (int,), "seq_len": (int,), "seed": (int,),
+                   "max_steps": (int,), "lr": (int, float), "min_lr_ratio": (int, float)}
+
+
+def run_config_problems(run):
+    """What in a parsed run_config.json is not as save() writes it, by dotted key (the first problem)."""
+    if not isinstance(run, dict):
+        return f"{json_kind(run)}, not a JSON object"
+    if not isinstance(run.get("model"), dict):
+        return f"'model' must be an object of the model's shape, got {json.dumps(run.get('model'))}"
+    for key in SHAPE_KEYS:
+        value = run["model"].get(key)
+        if type(value) is not int or value <= 0:
+            return f"model.{key} must be a positive whole number, got {json.dumps(value)}"
+    extra = sorted(set(run["model"]) - set(SHAPE_KEYS))
+    if extra:
+        return f"model.{extra[0]}: unknown key (the model's shape is {', '.join(SHAPE_KEYS)})"
+    if type(run.get("world_size")) is not int or run["world_size"] <= 0:
+        return f"world_size must be a positive whole number, got {json.dumps(run.get('world_size'))}"
+    if run.get("precision") not in ("fp32", "bf16", "fp16"):
+        return f"precision must be \"fp32\", \"bf16\" or \"fp16\", got {json.dumps(run.get('precision'))}"
+    if type(run.get("zero_stage")) is not int or not 0 <= run["zero_stage"] <= 3:
+        return f"zero_stage must be 0, 1, 2 or 3, got {json.dumps(run.get('zero_stage'))}"
+    if not isinstance(run.get("args"), dict):
+        return f"'args' must be an object of the run's flags, got {json.dumps(run.get('args'))}"
+    for key, types in RUN_CONFIG_ARGS.items():
+        value = run["args"].get(key)
+        if type(value) not in types:
+            return f"args.{key} must be a number, got {json.dumps(value)}"
+    return None
+
+
 def read_run_config(path):
+    """A checkpoint's run_config.json, checked to be as save() wrote it: CheckpointError naming the file and
+    the key otherwise (an edited or foreign file used to raise a TypeError wherever it was read)."""
+    file = Path(path) / RUN_CONFIG
+    problem = regular_file_problem(file)
+    if problem:
+        raise CheckpointError(problem)
     try:
-        return json.loads((Path(path) / RUN_CONFIG).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        run = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable {RUN_CONFIG} ({e})") from None
+    problem = run_config_problems(run)
+    if problem:
+        raise CheckpointError(f"{file}: {problem}")
+    return run
+
+
+def check_init_from(path, saved, init_from):
+    """--init_from with a resume: the checkpoint's weights would replace --init_from's without a word. Allowed
+    only when the checkpoint's run itself started from that directory (a relaunch with the same command)."""
+    if not init_from:
+        return
+    started_from = saved["args"].get("init_from")
+    same = started_from is not None and (str(started_from) == str(init_from) or (
+        os.path.exists(started_from) and os.path.exists(init_from) and os.path.samefile(started_from, init_from)))
+    if not same:
+        raise CheckpointError(f"--init_from {init_from}: --resume continues {path}, whose weights would replace "
+                              f"--init_from's (its run did not start from {init_from}): drop --init_from to continue "
+                              f"that run, or --resume (and use a fresh --out_dir) to start from {init_from}")
 
 
 def check_compatible(path, saved, current):
@@ -327,6 +451,8 @@ def load(engine, path, load_optimizer_states=True):
     if not load_optimizer_states:
         return client_state, None
     rng_file = path / f"rng_rank{dist.rank():05d}.pt"
+    if os.path.lexists(rng_file) and not_regular(rng_file):  # a FIFO would block torch.load forever
+        return client_state, f"{rng_file.name} is {not_regular(rng_file)}"
     try:
         set_rng_state(torch.load(rng_file, weights_only=False))
     except FileNotFoundError:
@@ -334,6 +460,28 @@ def load(engine, path, load_optimizer_states=True):
     except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
         return client_state, f"{rng_file.name} is unreadable ({type(e).__name__})"
     return client_state, None
+
+
+# What torch.load (pickle, its zip reader) and zero_to_fp32 raise on a garbled, cut or foreign file
+UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, IndexError, TypeError, AttributeError,
+              OSError, UnicodeDecodeError, ImportError, zipfile.BadZipFile)
+
+
+def brief(error):
+    """'Type: the first sentence of the message' (torch's zip reader appends a paragraph of advice)."""
+    text = str(error).splitlines()[0] if str(error) else "no message"
+    return f"{type(error).__name__}: {text.split('. ')[0][:200]}"
+
+
+def unreadable_file(path, error):
+    """'FILE: unreadable (Type: message)' for the first of the checkpoint's .pt files zero_to_fp32 reads that
+    torch.load cannot read (tried only after it failed), else the same about the checkpoint directory."""
+    for file in sorted(Path(path).glob("*_model_states.pt")) + sorted(Path(path).glob("*_optim_states.pt")):
+        try:
+            torch.load(file, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(file))
+        except UNREADABLE as e:
+            return f"{file}: unreadable ({brief(e)})"
+    return f"{path}: unreadable ({brief(error)})"
 
 
 def read_weights(path):
@@ -352,8 +500,16 @@ def read_weights(path):
                 state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
         except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
             state = None
+        except UNREADABLE as e:  # a garbled or cut file: name it, not zero_to_fp32's insides
+            raise CheckpointError(unreadable_file(path, e)) from None
     if state is None:  # the module's own weights (16-bit in half-precision runs)
-        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+        model_file = path / "mp_rank_00_model_states.pt"
+        try:
+            state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        except UNREADABLE as e:
+            raise CheckpointError(f"{model_file}: unreadable ({brief(e)})") from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{model_file}: unreadable (its 'module' is not a state dict)")
     if "transformer.wte.weight" in state:
         state.setdefault("lm_head.weight", state["transformer.wte.weight"])
     if config.n_embd % config.n_head:

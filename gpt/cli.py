@@ -38,8 +38,9 @@ def model_source(args):
     """(the model's GPTConfig, a function returning the model in eval mode) from --checkpoint or --hf: the
     shape is read without the weights, so that the input can be checked against it first."""
     if args.checkpoint:
-        config = GPTConfig(**read_run_config(find_checkpoint(args.checkpoint, None))["model"])
-        weights = lambda: read_weights(args.checkpoint)[0]  # noqa: E731
+        path = find_checkpoint(args.checkpoint, None)  # once: a damaged newer one is warned about once
+        config = GPTConfig(**read_run_config(path)["model"])
+        weights = lambda: read_weights(path)[0]  # noqa: E731
     else:
         config = config_from_hf(read_hf_config(args.hf))
         weights = lambda: load_hf_weights(args.hf, config)  # noqa: E731

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from gpt.args import Parser, exit_if, out_dir_problem
+from gpt.args import Parser, exit_if, out_dir_problem, regular_file_problem
 from gpt.checkpoint import COMPLETE, complete_tags, read_weights
+from gpt.disk import write_problem
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -152,11 +153,23 @@ def export(checkpoint_path, out_dir):
         raise InteropError(f"{checkpoint_path}: vocab_size {config.vocab_size} is smaller than GPT-2's "
                            f"{GPT2_VOCAB_SIZE}: not a GPT-2 model transformers could load")
     out_dir = Path(out_dir)
+    made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(to_hf(state), out_dir / "model.safetensors.tmp", metadata={"format": "pt"})
-    os.replace(out_dir / "model.safetensors.tmp", out_dir / "model.safetensors")
-    (out_dir / "config.json.tmp").write_text(json.dumps(hf_config(config), indent=2))
-    os.replace(out_dir / "config.json.tmp", out_dir / "config.json")
+    temporary = [out_dir / "config.json.tmp", out_dir / "model.safetensors.tmp"]
+    try:  # both whole under temporary names before either replaces anything
+        temporary[0].write_text(json.dumps(hf_config(config), indent=2))
+        save_file(to_hf(state), temporary[1], metadata={"format": "pt"})
+    except Exception as e:  # safetensors' SafetensorError is no OSError: "No space left on device" is in its text
+        problem = write_problem(temporary[1], e) or (
+            f"{temporary[1]}: no space left on the device" if "No space left on device" in str(e)
+            else f"{temporary[1]}: not written ({type(e).__name__}: {str(e)[:200]})")
+        for path in temporary:
+            path.unlink(missing_ok=True)
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise InteropError(problem.replace(".tmp:", ":", 1)) from None
+    os.replace(temporary[1], out_dir / "model.safetensors")
+    os.replace(temporary[0], out_dir / "config.json")
     return out_dir
 
 
@@ -171,6 +184,9 @@ def check_args(args):
         return [problem]
     if (out / COMPLETE).exists() or complete_tags(out):
         return [f"--out_dir {out} holds dsgpt checkpoints: export into a directory of its own"]
+    in_the_way = [regular_file_problem(out / name) for name in MODEL_FILES if os.path.lexists(out / name)]
+    if any(in_the_way):  # --overwrite could not replace them
+        return [f"{next(p for p in in_the_way if p)}: --overwrite could not replace it"]
     held = [name for name in MODEL_FILES if (out / name).exists()]
     if held and not args.overwrite:
         return [f"--out_dir {out} already holds {', '.join(held)}: give --overwrite to replace them, or another --out_dir"]

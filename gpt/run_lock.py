@@ -12,13 +12,23 @@ import sys
 import time
 from pathlib import Path
 
+from gpt.args import regular_file_problem
 from gpt.metrics import say
 
 LOCK_FILE = "run.lock"
 
 
 class RunLocked(Exception):
-    """Another live run holds the out_dir; the message names it."""
+    """Another live run holds the out_dir (the message names it), or its lock file is not a file to lock."""
+
+
+def lock_file_problem(path):
+    """Why an existing run.lock cannot be opened as the lock (a directory; a FIFO, whose open would block
+    forever; a dangling link), or None. Decided by stat, before any open."""
+    if not os.path.lexists(path):
+        return None
+    problem = regular_file_problem(path)
+    return problem and f"{problem} (the run's lock file): move it away, or use another --out_dir"
 
 
 def this_launch():
@@ -30,6 +40,8 @@ def this_launch():
 
 
 def record_of(path):
+    if regular_file_problem(path):  # never open a FIFO: it would block
+        return {}
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -56,6 +68,8 @@ def check_unlocked(out_dir, tries=10):
     out_dir holds an earlier run), on every rank alike. A rank may look after its own rank 0 took the lock:
     that holder is not another run (its record, written just after it locked, is waited for a moment)."""
     path = Path(out_dir) / LOCK_FILE
+    if lock_file_problem(path):
+        raise RunLocked(lock_file_problem(path))
     try:
         probe = open(path)
     except OSError:
@@ -80,6 +94,8 @@ def acquire(out_dir, tries=5):
     the lock until it is closed or the process ends. RunLocked if a live run holds it. A few tries 0.1 s
     apart: another run's check_unlocked holds a shared lock for an instant."""
     path = Path(out_dir) / LOCK_FILE
+    if lock_file_problem(path):
+        raise RunLocked(lock_file_problem(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = open(path, "a+")  # not "w": truncating would erase the holder's record before we know we hold it
     for attempt in range(tries):

@@ -108,12 +108,14 @@ def setup(settings):
     if device_type == "cuda":
         print0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
-        checkpoint.check_writable(settings.out_dir)
+        checkpoint.check_writable(settings.out_dir, settings.data)
         run_lock.check_unlocked(settings.out_dir)
         if not settings.resume:
             checkpoint.check_fresh_out_dir(settings.out_dir)  # again under the lock, below: this one writes nothing
         resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
         saved = checkpoint.read_run_config(resume_from) if resume_from else None
+        if saved:
+            checkpoint.check_init_from(resume_from, saved, settings.init_from)
         if saved and settings.warmup_steps is None:  # the default depends on --max_steps, which a resume may raise
             settings = replace(settings, warmup_steps=saved["args"]["warmup_steps"])
         settings, notes = resolve_defaults(settings, device_type)

@@ -169,6 +169,32 @@ def hf_dir(tmp_path, **changes):
     return str(tmp_path / "hf")
 
 
+RUN_CONFIG = {"model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 256, "vocab_size": 50304},
+              "precision": "fp32", "zero_stage": 2, "world_size": 1,
+              "args": {"warmup_steps": 1, "micro_batch": 4, "seq_len": 64, "seed": 1337, "max_steps": 2, "lr": 6e-4,
+                       "min_lr_ratio": 0.1, "init_from": None}}
+
+
+def fake_checkpoint(tmp_path, run_config=RUN_CONFIG, complete='{"step": 1}'):
+    """{tmp}/ck/step_00000001 holding only a run_config.json and a complete.json (json text, or a function
+    making the file at the path given): enough for the checks before launch, which read nothing else."""
+    step = tmp_path / "ck" / "step_00000001"
+    step.mkdir(parents=True)
+    for name, content in (("run_config.json", run_config), ("complete.json", complete)):
+        if callable(content):
+            content(step / name)
+        else:
+            (step / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(step)
+
+
+def out_with(tmp_path, name, make):
+    """{tmp}/run with `name` under it made by make(path): the run's own paths in the way."""
+    (tmp_path / "run" / name).parent.mkdir(parents=True, exist_ok=True)
+    make(tmp_path / "run" / name)
+    return ["--out_dir", str(tmp_path / "run")]
+
+
 ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
 OPTIMIZER = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["optimizer"]
 # (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON,
@@ -367,6 +393,49 @@ TRAIN_CASES = [
     (lambda t: ["--init_from", hf_dir(t, n_positions=2**40)],
      "error: {tmp}/hf/config.json: n_positions 1099511627776 is beyond any GPT-2 (at most 1048576 here; GPT-2's is "
      "1024)"),
+    # the run's own paths under --out_dir in the way: found when written (a traceback at the first save), or never
+    # (a FIFO blocks the open forever)
+    (lambda t: out_with(t, "run.lock", os.mkfifo),
+     "error: {tmp}/run/run.lock: a FIFO (named pipe), not a regular file (the run's lock file): move it away, or use "
+     "another --out_dir"),
+    (lambda t: out_with(t, "run.lock", Path.mkdir),
+     "error: {tmp}/run/run.lock: a directory, not a regular file (the run's lock file): move it away, or use another "
+     "--out_dir"),
+    (lambda t: out_with(t, "checkpoints", lambda p: p.write_text("x")) + ["--resume", "auto"],
+     "error: {tmp}/run/checkpoints: a file, not a directory (where the run saves its checkpoints): move it away, or "
+     "use another --out_dir"),
+    (lambda t: out_with(t, "metrics.jsonl", Path.mkdir) + ["--resume", "auto"],
+     "error: {tmp}/run/metrics.jsonl: a directory, not a regular file (the run's metrics log): move it away, or use "
+     "another --out_dir"),
+    (lambda t: out_with(t, "metrics.jsonl", os.mkfifo),
+     "error: {tmp}/run/metrics.jsonl: a FIFO (named pipe), not a regular file (the run's metrics log): move it away, "
+     "or use another --out_dir"),
+    (lambda t: out_with(t, "checkpoints/latest", Path.mkdir) + ["--resume", "auto"],
+     "error: {tmp}/run/checkpoints/latest: a directory, not a regular file (the name of the newest checkpoint): move "
+     "it away, or use another --out_dir"),
+    (lambda t: ["--data", shards(t, 5000, 5000), "--out_dir", str(t / "data")],
+     "error: --out_dir {tmp}/data is the --data directory: the run's checkpoints, metrics and lock file would land "
+     "among its shards; use another --out_dir"),
+    # --resume with --init_from whose run did not start there: the checkpoint's weights replaced --init_from's silently
+    (lambda t: ["--resume", fake_checkpoint(t), "--init_from", hf_dir(t)],
+     "error: --init_from {tmp}/hf: --resume continues {tmp}/ck/step_00000001, whose weights would replace "
+     "--init_from's (its run did not start from {tmp}/hf): drop --init_from to continue that run, or --resume (and "
+     "use a fresh --out_dir) to start from {tmp}/hf"),
+    # a checkpoint's run_config.json and complete.json of another structure, or not regular files
+    (lambda t: ["--resume", fake_checkpoint(t, run_config="[]")],
+     "error: {tmp}/ck/step_00000001/run_config.json: an array, not a JSON object"),
+    (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "model": {}})],
+     "error: {tmp}/ck/step_00000001/run_config.json: model.n_layer must be a positive whole number, got null"),
+    (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "zero_stage": "2"})],
+     'error: {tmp}/ck/step_00000001/run_config.json: zero_stage must be 0, 1, 2 or 3, got "2"'),
+    (lambda t: ["--resume", fake_checkpoint(t, run_config=os.mkfifo)],
+     "error: {tmp}/ck/step_00000001/run_config.json: a FIFO (named pipe), not a regular file"),
+    (lambda t: fake_checkpoint(t, complete=os.mkfifo) and ["--resume", str(t / "ck")],
+     "error: {tmp}/ck: every complete checkpoint is damaged (the oldest, step_00000001: unreadable complete.json (a "
+     "FIFO (named pipe), not a regular file))"),
+    (lambda t: ["--resume", fake_checkpoint(t, complete='{"step": 1, "files": [1, 2]}')],
+     "error: {tmp}/ck/step_00000001: damaged checkpoint (unreadable complete.json ('files' is not an object of file "
+     "sizes)); give its parent directory to take the newest intact one"),
     (lambda t: ["--micro_batch", "auto", "--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
      'parameters themselves, which this trainer does not handle)'),
@@ -460,6 +529,15 @@ def test_two_ranks_say_it_once_and_exit_2(two_rank_runs, case):
     assert proc.returncode == 2 and output.count(expected) == 1 and "Traceback" not in output, output[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [expected]
     assert not out_dir_of(proc).exists()
+
+
+def test_init_from_with_a_resume_of_a_run_that_started_there_is_a_relaunch(tmp_path):
+    """The same command relaunched (--init_from X --resume auto) continues its own run: not refused."""
+    from gpt import checkpoint
+    hf = hf_dir(tmp_path)
+    checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": hf}}, hf)
+    with pytest.raises(checkpoint.CheckpointError):
+        checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": None}}, hf)
 
 
 def test_validation_off_needs_no_val_sequence(tmp_path):

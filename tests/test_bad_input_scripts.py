@@ -85,6 +85,39 @@ def bad_files(tmp_path_factory, trained_checkpoint):
     fields = [0, 0, 4] + [x for tokens in lists for x in (len(tokens), *tokens)]
     (root / "hs_empty_ending.bin").write_bytes(struct.pack("<256i", 20240522, 1, 1, *[0] * 253) + struct.pack(
         f"<{len(fields) + 2}H", 65535, 2 * (len(fields) + 2), *fields))
+    step = "step_00000002"  # trained_checkpoint's only checkpoint
+
+    def damaged_copy(name, file, damage):
+        """trained_checkpoint copied to `name` with its step's `file` changed by damage(path); complete.json's
+        recorded size follows a regular file's new size (so the change is not found as a size mismatch)."""
+        shutil.copytree(trained_checkpoint, root / name)
+        path = root / name / step / file
+        marker = json.loads((root / name / step / "complete.json").read_text())  # before: it may become a FIFO
+        damage(path)
+        if path.is_file() and file in marker["files"]:
+            marker["files"][file] = path.stat().st_size
+            (root / name / step / "complete.json").write_text(json.dumps(marker))
+
+    def garble(path):  # bit rot that keeps the size
+        path.write_bytes(np.random.default_rng(0).integers(0, 256, path.stat().st_size, dtype=np.uint8).tobytes())
+
+    def replace_with(make):
+        return lambda path: path.unlink() or make(path)
+
+    def edit_run_config(change):
+        return lambda path: path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    damaged_copy("garbled_model", "mp_rank_00_model_states.pt", garble)
+    damaged_copy("garbled_optim", "zero_pp_rank_0_mp_rank_00_optim_states.pt", garble)
+    damaged_copy("cut_model", "mp_rank_00_model_states.pt",
+                 lambda p: p.write_bytes(p.read_bytes()[:1000] + bytes(p.stat().st_size - 1000)))
+    damaged_copy("rc_array", "run_config.json", lambda p: p.write_text("[]"))
+    damaged_copy("rc_layers_string", "run_config.json", edit_run_config(
+        lambda run: {**run, "model": {**run["model"], "n_layer": str(run["model"]["n_layer"])}}))
+    damaged_copy("rc_no_model", "run_config.json", edit_run_config(lambda run: {**run, "model": {}}))
+    damaged_copy("rc_fifo", "run_config.json", replace_with(os.mkfifo))
+    damaged_copy("files_list", "complete.json", lambda p: p.write_text('{"step": 2, "files": [1, 2]}'))
+    damaged_copy("complete_fifo", "complete.json", replace_with(os.mkfifo))
+    (root / "hf_config_dir" / "config.json").mkdir(parents=True)
     for name, key, value in (("edited_layers", "n_layer", 3), ("edited_heads", "n_head", 3)):
         shutil.copytree(trained_checkpoint, root / name)  # a run_config.json edited to other numbers of one digit:
         config = root / name / "step_00000002" / "run_config.json"  # the same size, so not found damaged
@@ -345,6 +378,42 @@ CASES = [
     ("gpt-sample", "--checkpoint {in}/edited_heads",
      "error: {in}/edited_heads/step_00000002: its run_config.json says n_head 3, which does not divide its "
      "n_embd 64"),
+    # checkpoint files garbled or cut (named, not zero_to_fp32's traceback), of another structure, or not regular
+    # files (a FIFO complete.json used to block every command forever)
+    ("gpt-export", "{in}/garbled_model --out_dir {out}",
+     "error: {in}/garbled_model/step_00000002/mp_rank_00_model_states.pt: unreadable (UnpicklingError: ..."),
+    ("gpt-eval", "--checkpoint {in}/garbled_model --data {data} --seq_len 64",
+     "error: {in}/garbled_model/step_00000002/mp_rank_00_model_states.pt: unreadable (UnpicklingError: ..."),
+    ("gpt-sample", "--checkpoint {in}/garbled_model",
+     "error: {in}/garbled_model/step_00000002/mp_rank_00_model_states.pt: unreadable (UnpicklingError: ..."),
+    ("gpt-export", "{in}/garbled_optim --out_dir {out}",
+     "error: {in}/garbled_optim/step_00000002/zero_pp_rank_0_mp_rank_00_optim_states.pt: unreadable (UnpicklingError: ..."),
+    ("gpt-export", "{in}/cut_model/step_00000002 --out_dir {out}",
+     "error: {in}/cut_model/step_00000002/mp_rank_00_model_states.pt: unreadable (RuntimeError: PytorchStreamReader "
+     "failed reading zip archive: failed finding central directory)"),
+    ("gpt-export", "{in}/rc_array --out_dir {out}",
+     "error: {in}/rc_array/step_00000002/run_config.json: an array, not a JSON object"),
+    ("gpt-eval", "--checkpoint {in}/rc_array --data {data}",
+     "error: {in}/rc_array/step_00000002/run_config.json: an array, not a JSON object"),
+    ("gpt-eval", "--checkpoint {in}/rc_layers_string/step_00000002 --data {data} --seq_len 64",
+     'error: {in}/rc_layers_string/step_00000002/run_config.json: model.n_layer must be a positive whole number, '
+     'got "2"'),
+    ("gpt-export", "{in}/rc_no_model --out_dir {out}",
+     "error: {in}/rc_no_model/step_00000002/run_config.json: model.n_layer must be a positive whole number, got null"),
+    ("gpt-export", "{in}/rc_fifo/step_00000002 --out_dir {out}",
+     "error: {in}/rc_fifo/step_00000002: damaged checkpoint (run_config.json is a FIFO (named pipe), not a regular "
+     "file); give its parent directory to take the newest intact one"),
+    ("gpt-sample", "--checkpoint {in}/files_list/step_00000002",
+     "error: {in}/files_list/step_00000002: damaged checkpoint (unreadable complete.json ('files' is not an object of "
+     "file sizes)); give its parent directory to take the newest intact one"),
+    ("gpt-eval", "--checkpoint {in}/complete_fifo --data {data} --seq_len 64",
+     "error: {in}/complete_fifo: every complete checkpoint is damaged (the oldest, step_00000002: unreadable "
+     "complete.json (a FIFO (named pipe), not a regular file))"),
+    ("gpt-export", "{in}/complete_fifo/step_00000002 --out_dir {out}",
+     "error: {in}/complete_fifo/step_00000002: damaged checkpoint (unreadable complete.json (a FIFO (named pipe), not "
+     "a regular file)); give its parent directory to take the newest intact one"),
+    ("gpt-export", "{ckpt} --out_dir {in}/hf_config_dir --overwrite",
+     "error: {in}/hf_config_dir/config.json: a directory, not a regular file: --overwrite could not replace it"),
     ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
     ("gpt-export", "{ckpt} --out_dir=", "error: --out_dir is empty: name a directory"),
 ]
@@ -392,6 +461,21 @@ def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, bad_files
     first = (exported / "model.safetensors").stat().st_mtime_ns
     hf.main([str(trained_checkpoint), "--out_dir", str(exported), "--overwrite"])
     assert (exported / "model.safetensors").stat().st_mtime_ns > first and not list(exported.glob("*.tmp"))
+
+
+def test_gpt_export_onto_a_full_disk_is_one_line_and_leaves_nothing(trained_checkpoint, tmp_path, monkeypatch):
+    """safetensors' SafetensorError (no OSError) on a full disk used to escape as a traceback, beside a partial
+    model.safetensors.tmp. (A real full tmpfs gives the same: tried by hand.)"""
+    import safetensors.torch
+
+    def full(tensors, path, metadata=None):
+        Path(path).write_bytes(b"x" * 100)
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(SystemExit) as exit_info:
+        hf.main([str(trained_checkpoint), "--out_dir", str(tmp_path / "hf")])
+    assert exit_info.value.code == f"error: {tmp_path / 'hf' / 'model.safetensors'}: no space left on the device"
+    assert not (tmp_path / "hf").exists()
 
 
 def test_gpt_export_auto_is_a_path(trained_checkpoint, tmp_path, monkeypatch, capsys):
