@@ -224,7 +224,8 @@ class PlainPyTorch:
         self.optimizer = torch.optim.AdamW(param_groups(self.model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95),
                                            eps=1e-8, fused=True)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, settings.optimizer.lr_factor)
-        self.loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len, seed=settings.seed,
+        self.loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
+                                          seed=settings.seed, windows_per_batch=settings.total_batch_tokens // settings.seq_len,
                                           pin_memory=DEVICE == "cuda")
         self.accum = settings.total_batch_tokens // (settings.micro_batch * settings.seq_len)
         self.autocast = dtype == "bf16"

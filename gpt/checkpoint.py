@@ -36,6 +36,10 @@ RUN_CONFIG = "run_config.json"
 LATEST = "latest"
 TAG_PATTERN = re.compile(r"^step_(\d{8})$")
 RNG_PATTERN = re.compile(r"^rng_rank\d{5}\.pt$")
+# What a checkpoint records since issue 25: a data position in global batches of a step's windows, which any
+# world size and micro-batch continue, and DeepSpeed's universal_checkpoint_info, which a conversion needs.
+# Checkpoints without "format" in run_config.json are format 1.
+FORMAT = 2
 # Settings a checkpoint's weights and optimizer states only fit with; everything else may change on resume.
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
@@ -351,6 +355,8 @@ def run_config_problems(run):
     extra = sorted(set(run["model"]) - set(SHAPE_KEYS))
     if extra:
         return f"model.{extra[0]}: unknown key (the model's shape is {', '.join(SHAPE_KEYS)})"
+    if "format" in run and (type(run["format"]) is not int or not 1 <= run["format"] <= FORMAT):
+        return f"format must be a checkpoint format this trainer reads (1 to {FORMAT}), got {json.dumps(run['format'])}"
     if type(run.get("world_size")) is not int or run["world_size"] <= 0:
         return f"world_size must be a positive whole number, got {json.dumps(run.get('world_size'))}"
     if run.get("precision") not in ("fp32", "bf16", "fp16"):
@@ -397,29 +403,52 @@ def check_init_from(path, saved, init_from):
                               f"that run, or --resume (and use a fresh --out_dir) to start from {init_from}")
 
 
+def format_of(run):
+    """A run_config's checkpoint format: FORMAT, or 1 for checkpoints saved before it was recorded."""
+    return run.get("format", 1)
+
+
+def resume_kind(saved, current):
+    """How a checkpoint loads into this run (both run_configs):
+    'exact'      the same world size and ZeRO stage: everything, each rank's RNG too;
+    'universal'  another world size or ZeRO stage (1 <-> 2): ZeRO's optimizer partitions fit only the layout that
+                 saved them, so the checkpoint is converted to DeepSpeed's universal form, which loads on any;
+    'whole'      ZeRO 0 on another world size: its optimizer state is whole in the checkpoint and loads as it is;
+    'weights'    another world size, saved before checkpoints recorded what a conversion needs: the weights only.
+    The last three restore no RNG state (one per rank) and keep the data position (gpt/data.py)."""
+    if (saved["world_size"], saved["zero_stage"]) == (current["world_size"], current["zero_stage"]):
+        return "exact"
+    if format_of(saved) < FORMAT:
+        return "weights"
+    return "whole" if saved["zero_stage"] == 0 else "universal"
+
+
 def check_compatible(path, saved, current):
-    """Refuse a resume whose weights would not fit this run, naming every mismatch."""
+    """Refuse a resume whose weights or data position would not fit this run, naming every mismatch."""
     problems = [f"{key} {saved['model'].get(key)} in the checkpoint, {current['model'][key]} now"
                 for key in SHAPE_KEYS if saved["model"].get(key) != current["model"][key]]
-    for key in ("precision", "zero_stage"):
-        if saved.get(key) != current.get(key):
-            problems.append(f"{key} {saved.get(key)} in the checkpoint, {current.get(key)} now")
-    if saved.get("world_size") == current["world_size"]:  # an exact resume: the data position must fit too
+    if saved.get("precision") != current.get("precision"):
+        problems.append(f"precision {saved.get('precision')} in the checkpoint, {current.get('precision')} now")
+    stages = {saved.get("zero_stage"), current.get("zero_stage")}
+    if len(stages) > 1 and not (stages == {1, 2} and format_of(saved) >= FORMAT):
+        problems.append(f"zero_stage {saved.get('zero_stage')} in the checkpoint, {current.get('zero_stage')} now" + (
+            " (ZeRO 1 <-> 2 converts only checkpoints saved since they record what a conversion needs)"
+            if stages == {1, 2} else " (only ZeRO 1 <-> 2 converts)"))
+    if not current["args"].get("reset_data_position"):
         order = [f"--{key} {saved['args'].get(key)} in the checkpoint, {current['args'][key]} now"
-                 for key in ("micro_batch", "seq_len", "seed") if saved["args"].get(key) != current["args"][key]]
+                 for key in ("seq_len", "seed") if saved["args"].get(key) != current["args"][key]]
         if order:
-            problems.append("; ".join(order) + " (the data order of an exact resume depends on them)")
+            problems.append("; ".join(order) + " (the data position depends on them: --reset_data_position starts the "
+                            "next epoch in the new order)")
     if problems:
         raise CheckpointError(f"{path}: cannot resume: " + "; ".join(problems))
 
 
 def check_same_data(path, saved, current, data_dir, reset_position):
-    """An exact resume continues at the saved data position, which means the same tokens only in the same train
-    shards: refuse one whose shards changed since the save (run_config.json records their fingerprints), or with
-    reset_position (--reset_data_position, the position restarts anyway) say what changed. A resume on another
-    world size restarts the position too. Checkpoints saved before fingerprints were recorded: said, not checked."""
-    if saved.get("world_size") != current["world_size"]:
-        return
+    """A resume continues at the saved data position, which means the same tokens only in the same train shards:
+    refuse one whose shards changed since the save (run_config.json records their fingerprints), or with
+    reset_position (--reset_data_position, the position restarts anyway) say what changed. Checkpoints saved
+    before fingerprints were recorded: said, not checked."""
     if "data" not in saved:
         warn(f"{path}: saved before checkpoints recorded their shards' fingerprints: whether --data {data_dir} holds "
              f"the same train shards is not checked")
@@ -434,10 +463,10 @@ def check_same_data(path, saved, current, data_dir, reset_position):
                               f"restore them, or resume with --reset_data_position (from the next epoch's start)")
 
 
-def load(engine, path, load_optimizer_states=True):
+def load(engine, path, load_optimizer_states=True, restore_rng=True):
     """Load a checkpoint into the engine; returns (client state, why this rank's RNG state was not restored
-    or None). With load_optimizer_states False only the weights are taken (a weights-only restart, e.g. on
-    another world size), and no RNG state."""
+    or None). With load_optimizer_states False only the weights are taken (a weights-only restart on another
+    world size). restore_rng False: no RNG state (saved per rank: another world size has others)."""
     path = Path(path)
     try:
         loaded, client_state = engine.load_checkpoint(
@@ -448,7 +477,7 @@ def load(engine, path, load_optimizer_states=True):
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no message'})") from None
     if loaded is None:
         raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
-    if not load_optimizer_states:
+    if not (load_optimizer_states and restore_rng):
         return client_state, None
     rng_file = path / f"rng_rank{dist.rank():05d}.pt"
     if os.path.lexists(rng_file) and not_regular(rng_file):  # a FIFO would block torch.load forever

@@ -227,30 +227,40 @@ def _windows_to_batch(tokens, windows, seq_len):
 
 
 class ShuffledTokenLoader:
-    """Training batches: each shard is cut into windows of seq_len (+1 target) tokens; every epoch draws
-    a new shard order and a new window order within each shard from (seed, epoch). A global batch takes
-    micro_batch x world_size windows; rank r reads the r-th block of micro_batch, so ranks never overlap.
-    Windows that cannot fill a whole global batch at a shard's end are left out of that epoch.
+    """Training batches. Each shard is cut into windows of seq_len (+1 target) tokens; every epoch draws a new
+    shard order and a new window order within each shard from (seed, epoch). A global batch is one optimizer
+    step's windows_per_batch windows, the next ones in that order; windows that cannot fill a whole global batch
+    at a shard's end are left out of that epoch. So global batch k of epoch e is a pure function of (seed, e, k,
+    windows_per_batch, seq_len) and the shards, whatever the world size and micro-batch.
 
-    A background thread builds the next `prefetch` batches. Batch k of epoch e is a pure function of
-    (seed, e, k), so the position (epoch, batch) is the whole state: resuming rebuilds it exactly."""
+    Ranks and micro-steps only split a global batch: rank r's micro-step j reads its (r * G + j)-th block of
+    micro_batch windows, G = windows_per_batch / (micro_batch x world_size) micro-steps per rank, so ranks never
+    overlap. The position (epoch, batch) is the whole state: a resume on any world size or micro-batch continues
+    with exactly the next global batch. A background thread builds the next `prefetch` micro-batches."""
 
-    def __init__(self, shard_paths, micro_batch, seq_len, rank=0, world_size=1, seed=0, prefetch=4,
-                 pin_memory=False):
+    def __init__(self, shard_paths, micro_batch, seq_len, rank=0, world_size=1, seed=0, windows_per_batch=None,
+                 prefetch=4, pin_memory=False):
         self.shards = [Path(p) for p in shard_paths]
         self.micro_batch, self.seq_len = micro_batch, seq_len
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.prefetch, self.pin_memory = prefetch, pin_memory
-        windows_per_batch = micro_batch * world_size
         self.windows = [(len(load_shard(p)) - 1) // seq_len for p in self.shards]
         self.fingerprints = fingerprints(self.shards)
+        self.epoch, self.batch, self.micro_step = 0, 0, 0
+        self._thread = None
+        self._set_batch_size(windows_per_batch or micro_batch * world_size)
+        self._start()
+
+    def _set_batch_size(self, windows_per_batch):
+        per_micro_step = self.micro_batch * self.world_size
+        if windows_per_batch % per_micro_step:
+            raise DataError(f"a global batch of {windows_per_batch} windows does not split into micro-batches of "
+                            f"{self.micro_batch} on {self.world_size} rank(s)")
+        self.windows_per_batch, self.micro_steps = windows_per_batch, windows_per_batch // per_micro_step
         self.batches_per_shard = [w // windows_per_batch for w in self.windows]
         if sum(self.batches_per_shard) == 0:
-            raise DataError(f"{self.shards[0].parent}: no shard holds one global batch "
-                            f"({micro_batch} x {world_size} ranks x {seq_len} tokens + 1)")
-        self.epoch, self.batch = 0, 0
-        self._thread = None
-        self._start()
+            raise DataError(f"{self.shards[0].parent}: no shard holds one global batch ({windows_per_batch} "
+                            f"sequences of {self.seq_len} tokens + 1)")
 
     # -- the pure schedule -------------------------------------------------------------------------
     def _rng(self, *keys):
@@ -259,12 +269,13 @@ class ShuffledTokenLoader:
     def shard_order(self, epoch):
         return self._rng(epoch).permutation(len(self.shards))
 
-    def _epoch_plan(self, epoch):
+    def _epoch_plan(self, epoch, batches_per_shard=None):
         """[(shard index, batches)] in this epoch's order, skipping shards too small for one batch."""
-        return [(int(s), self.batches_per_shard[s]) for s in self.shard_order(epoch) if self.batches_per_shard[s]]
+        batches_per_shard = batches_per_shard or self.batches_per_shard
+        return [(int(s), batches_per_shard[s]) for s in self.shard_order(epoch) if batches_per_shard[s]]
 
     def _batches(self, epoch, batch):
-        """Yield (epoch, batch, x, y) from position (epoch, batch) on, forever."""
+        """Yield (epoch, batch, micro-step, x, y) from the start of global batch (epoch, batch) on, forever."""
         while True:
             done = 0
             for shard, count in self._epoch_plan(epoch):
@@ -274,14 +285,30 @@ class ShuffledTokenLoader:
                 tokens = load_shard(self.shards[shard])
                 order = self._rng(epoch, shard).permutation(self.windows[shard])
                 for k in range(batch - done, count):
-                    start = (k * self.world_size + self.rank) * self.micro_batch
-                    x, y = _windows_to_batch(tokens, order[start:start + self.micro_batch], self.seq_len)
-                    if self.pin_memory:
-                        x, y = x.pin_memory(), y.pin_memory()
-                    yield epoch, done + k, x, y
+                    for j in range(self.micro_steps):
+                        start = k * self.windows_per_batch + (self.rank * self.micro_steps + j) * self.micro_batch
+                        x, y = _windows_to_batch(tokens, order[start:start + self.micro_batch], self.seq_len)
+                        if self.pin_memory:
+                            x, y = x.pin_memory(), y.pin_memory()
+                        yield epoch, done + k, j, x, y
                 done += count
                 batch = done
             epoch, batch = epoch + 1, 0
+
+    def translated_position(self, epoch, batch, saved_size):
+        """Where a stream of global batches of saved_size windows, stopped before its batch (epoch, batch),
+        continues in global batches of this loader's size: in the shard it stopped in, at the first batch that
+        starts at or after the windows read there (else at the next shard), so that no window is read twice in
+        the epoch and fewer than one global batch's windows are passed over in that shard."""
+        saved_counts = [w // saved_size for w in self.windows]
+        done_saved = done_here = 0
+        for shard in self.shard_order(epoch):
+            if batch < done_saved + saved_counts[shard]:
+                read = (batch - done_saved) * saved_size
+                return epoch, done_here + min(-(-read // self.windows_per_batch), self.batches_per_shard[shard])
+            done_saved += saved_counts[shard]
+            done_here += self.batches_per_shard[shard]
+        return epoch + 1, 0
 
     # -- the prefetching consumer ------------------------------------------------------------------
     def _start(self):
@@ -311,31 +338,56 @@ class ShuffledTokenLoader:
             self._thread.join()
 
     def next_batch(self):
+        """This rank's next micro-batch (x, y)."""
         item = self._queue.get()
         if isinstance(item, Exception):
             raise item
-        epoch, batch, x, y = item
-        self.epoch, self.batch = epoch, batch + 1
+        epoch, batch, micro_step, x, y = item
+        last = micro_step == self.micro_steps - 1
+        self.epoch, self.batch, self.micro_step = epoch, batch + last, 0 if last else micro_step + 1
         return x, y
 
     def state_dict(self):
-        """The position of the next batch, plus what it is only valid with: the shards' identities included."""
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "world_size": self.world_size,
-                "micro_batch": self.micro_batch, "seq_len": self.seq_len, "shards": [p.name for p in self.shards],
+        """The position of the next global batch, plus what it is only valid with: the global batch's size, the
+        shards' identities. Taken between global batches (the trainer saves between optimizer steps)."""
+        if self.micro_step:
+            raise RuntimeError(f"the loader's position is inside a global batch (micro-step {self.micro_step} of "
+                               f"{self.micro_steps}): save between optimizer steps")
+        return {"epoch": self.epoch, "batch": self.batch, "windows_per_batch": self.windows_per_batch,
+                "seed": self.seed, "seq_len": self.seq_len, "shards": [p.name for p in self.shards],
                 "fingerprints": self.fingerprints}
 
     def load_state_dict(self, state):
-        """Continue at a saved position. States saved before fingerprints were recorded are taken on the names."""
+        """Continue at a saved position, on any world size and micro-batch. Returns None, or one line saying how
+        the position was carried over:
+        - a state saved before global batches were a step's windows (no 'windows_per_batch': its global batch
+          was one micro-step, micro_batch x world_size windows) on the same world size and micro-batch keeps that
+          order, exactly as the run that saved it would have gone on;
+        - a global batch of another size (--total_batch_tokens changed; such an old state on another layout)
+          continues at translated_position: no window twice.
+        States saved before fingerprints were recorded are taken on the names."""
         mine = self.state_dict()
-        for key in ("seed", "world_size", "micro_batch", "seq_len", "shards"):
+        for key in ("seed", "seq_len", "shards"):
             if state[key] != mine[key]:
                 raise DataError(f"loader state was saved with {key}={state[key]!r}, this run has {mine[key]!r}")
         changes = data_changes(state.get("fingerprints", mine["fingerprints"]), mine["fingerprints"])
         if changes:
             raise DataError(f"the shards changed since the loader state was saved ({describe_changes(changes)})")
         self._halt()
-        self.epoch, self.batch = state["epoch"], state["batch"]
+        saved_size, note = state.get("windows_per_batch"), None
+        if saved_size is None:
+            saved_size = state["micro_batch"] * state["world_size"]
+            if (state["micro_batch"], state["world_size"]) == (self.micro_batch, self.world_size):
+                self._set_batch_size(saved_size)
+                note = (f"data in the order of the checkpoint's run (saved before global batches were a step's "
+                        f"windows: one micro-step of {saved_size} windows each)")
+        self.epoch, self.batch, self.micro_step = state["epoch"], state["batch"], 0
+        if saved_size != self.windows_per_batch:
+            self.epoch, self.batch = self.translated_position(state["epoch"], state["batch"], saved_size)
+            note = (f"data in global batches of {self.windows_per_batch} windows, {saved_size} when saved: from "
+                    f"batch {self.batch} of epoch {self.epoch}, no window read twice")
         self._start()
+        return note
 
     def close(self):
         self._halt()

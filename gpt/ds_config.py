@@ -431,8 +431,9 @@ def trainer_problems(ds_config, path):
             found.append(f"{path}: zero_optimization.{key} {size} must be at most {MAX_BUCKET_SIZE} (2**32 elements, "
                          f"16 GiB in fp32): ZeRO allocates its buckets whole (DeepSpeed's default: 500000000)")
     if (ds_config.get("checkpoint") or {}).get("load_universal"):
-        found.append(f"{path}: checkpoint.load_universal is not supported yet: --resume loads this trainer's own "
-                     f"checkpoints, not DeepSpeed's universal ones; remove it")
+        found.append(f"{path}: checkpoint.load_universal is the trainer's to set: --resume converts a checkpoint to "
+                     f"DeepSpeed's universal form and loads it that way when the world size or ZeRO stage changed; "
+                     f"remove it")
     if found:
         return found
     run_precision = precision(ds_config)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock
+from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
 from gpt import engine as ds_engine
 from gpt.config import (ConfigError, Settings, gradient_accumulation, model_flags, number_problems, resolve_defaults,
                         validate)
@@ -44,6 +44,7 @@ class Setup:
     run_config: dict  # what this run's checkpoints record about it
     resume_from: Path | None
     hellaswag_examples: list
+    resume_kind: str | None = None  # how resume_from loads: checkpoint.resume_kind
     auto_plan: dict | None = None  # --micro_batch auto's plan, which probe() checks on a GPU
     lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/run_lock.py)
 
@@ -95,7 +96,7 @@ def fail(message, code=2, every_rank=False):
 def run_config_of(settings, ds_config, model_config, world_size):
     """What a checkpoint records about the run that wrote it; the train shards' fingerprints let the next
     resume see, before launch, whether its data position still points into the same tokens."""
-    return {"model": asdict(model_config), "precision": precision(ds_config),
+    return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": precision(ds_config),
             "zero_stage": zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
             "data": fingerprints(find_shards(settings.data, "train"))}
 
@@ -122,10 +123,11 @@ def setup(settings):
         for note in notes:
             print0(note)
         auto_plan = None
-        if settings.micro_batch == "auto" and saved and saved["world_size"] == world_size:
-            settings = replace(settings, micro_batch=saved["args"]["micro_batch"])  # the data order depends on it
-            print0(f"--micro_batch auto: {settings.micro_batch}, as the checkpoint was saved with (an exact resume "
-                   f"keeps the data order)")
+        if (settings.micro_batch == "auto" and saved and saved["world_size"] == world_size
+                and checkpoint.format_of(saved) < checkpoint.FORMAT):  # its data order depends on the micro-batch
+            settings = replace(settings, micro_batch=saved["args"]["micro_batch"])
+            print0(f"--micro_batch auto: {settings.micro_batch}, as the checkpoint was saved with (it is older than "
+                   f"data positions that any micro-batch continues)")
         elif settings.micro_batch == "auto":
             if number_problems(settings):  # the plan needs sane numbers; validate() below lists them all
                 validate(settings, world_size, device_type)
@@ -139,8 +141,15 @@ def setup(settings):
             for warning in unfinished_preparations(settings.data):
                 say(warning, sys.stderr)
         run_config = run_config_of(settings, ds_config, model_config, world_size)
+        kind = None
         if resume_from is not None:
             checkpoint.check_compatible(resume_from, saved, run_config)
+            kind = checkpoint.resume_kind(saved, run_config)
+            if kind == "universal":
+                problem = universal.convert_problem(resume_from)
+                if problem:
+                    raise checkpoint.CheckpointError(problem)
+                ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
             checkpoint.check_same_data(resume_from, saved, run_config, settings.data, settings.reset_data_position)
             checkpoint.check_resume_target(resume_from, settings.out_dir)
             checkpoint.check_steps_left(resume_from, settings.max_steps)
@@ -149,6 +158,8 @@ def setup(settings):
     except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError, run_lock.RunLocked) as e:
         fail(e)
     lock, refusal = lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
+    if kind == "universal" and refusal is None and dist.launched_rank() == 0:
+        refusal = convert_to_universal(resume_from)  # the other ranks wait for it in the rendezvous below
     if refusal and dist.launched_world_size() == 1:
         fail(refusal)
     if device_type == "cuda":
@@ -168,8 +179,8 @@ def setup(settings):
             fail(refusal or "refused by rank 0")
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
-                 device=device, run_config=run_config, resume_from=resume_from, hellaswag_examples=examples,
-                 auto_plan=auto_plan, lock=lock)
+                 device=device, run_config=run_config, resume_from=resume_from, resume_kind=kind,
+                 hellaswag_examples=examples, auto_plan=auto_plan, lock=lock)
 
 
 def lock_out_dir(settings, resume_from):
@@ -191,6 +202,21 @@ def lock_out_dir(settings, resume_from):
         lock.close()
         return None, e
     return lock, None
+
+
+def convert_to_universal(path):
+    """Rank 0, before the process group exists: the checkpoint's universal form for a resume on another world size
+    or ZeRO stage (gpt/universal.py), converted once and reused. Returns why it failed, or None."""
+    start = time.perf_counter()
+    converted = not universal.universal_path(path).is_dir()
+    try:
+        universal.universal_dir(path)
+    except checkpoint.CheckpointError as e:
+        return e
+    if converted:
+        say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s "
+            f"({universal.universal_path(path)})")
+    return None
 
 
 def new_model(setup):
@@ -232,7 +258,9 @@ def build(setup):
         engine.compile()
     rank, world_size = dist.rank(), dist.world_size()
     train_loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
-                                       rank, world_size, seed=settings.seed, pin_memory=setup.device.type == "cuda")
+                                       rank, world_size, seed=settings.seed,
+                                       windows_per_batch=settings.total_batch_tokens // settings.seq_len,
+                                       pin_memory=setup.device.type == "cuda")
     val_set = ValidationSet(find_shards(settings.data, "val"), settings.seq_len, settings.val_tokens // settings.seq_len,
                             settings.micro_batch, rank, world_size) if settings.val_every else None
     guard = SpikeGuard(settings.skip_loss_z, settings.skip_grad_z, max_bad_steps=settings.max_bad_steps,
@@ -247,7 +275,7 @@ def build(setup):
            f"= {settings.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
     print0(f"loss: {settings.loss} ({loss_label})")
     print0(f"data {settings.data}: {len(train_loader.shards)} train shard(s), "
-           f"{sum(train_loader.batches_per_shard):,} batches/epoch per rank; "
+           f"{sum(train_loader.batches_per_shard):,} steps/epoch; "
            + (f"validation on {len(val_set)} sequences of {settings.seq_len} tokens" if val_set else "no validation"))
     return Run(settings=settings, engine=engine, model=model, train_loader=train_loader, val_set=val_set,
                logger=logger, guard=guard, guard_active=guard_active, device=setup.device, world_size=world_size,
@@ -256,47 +284,62 @@ def build(setup):
                peak_flops=peak, run_config=setup.run_config, hellaswag_examples=setup.hellaswag_examples)
 
 
-def resume(run, path):
-    """Load a checkpoint; returns the step to continue from. Same world size: everything, bit-exact.
-    Another world size: DeepSpeed's ZeRO partitions do not fit, so the weights only (said in the log)."""
+def resume(run, path, kind):
+    """Load a checkpoint the way checkpoint.resume_kind chose; returns the step to continue from. 'exact' (the
+    same world size and ZeRO stage): everything, bit-exact on CPU. 'universal', 'whole': another world size or
+    stage: all but the RNG. 'weights': the weights only (a checkpoint too old to convert)."""
     if path is None:
         if run.settings.resume:
             print0(f"--resume {run.settings.resume}: no checkpoint in "
                    f"{checkpoint.checkpoint_dir(run.settings.out_dir)}; fresh start")
         return 0
     saved = checkpoint.read_run_config(path)
-    saved_world = saved["world_size"]
-    exact = saved_world == run.world_size
-    state, rng_problem = checkpoint.load(run.engine, path, load_optimizer_states=exact)
+    if kind == "universal":
+        state, rng_problem = universal.load(run.engine, path), None
+    else:
+        state, rng_problem = checkpoint.load(run.engine, path, load_optimizer_states=kind != "weights",
+                                             restore_rng=kind == "exact")
     if run.engine.global_rank == 0:
         checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(run.settings.out_dir))
     step = state["step"] + 1
-    if exact:
-        if run.settings.reset_data_position:
-            position = f"data from the start of epoch {restart_data(run.train_loader, state['loader'])} " \
-                       f"(--reset_data_position)"
-        else:
-            try:
-                run.train_loader.load_state_dict(state["loader"])
-            except DataError as e:  # other shards under --data than the checkpoint's run read
-                raise checkpoint.CheckpointError(f"{path}: cannot resume the data position: {e}") from None
-            position = "data position"
-        if rng_problem:
-            say(f"warning: [rank {run.engine.global_rank}] {path}: {rng_problem}: this rank's random state was not "
-                f"restored, so the run will not repeat an uninterrupted one exactly", sys.stderr)
-        every_rng = dist.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=run.device)).item() == 1.0
-        print0(f"resumed from {path} at step {step}: weights, optimizer, schedule, {position} and "
-               + ("RNG" if every_rng else "not the RNG of every rank (see the warning)"))
-        schedule_changes(run, saved["args"], run.engine.lr_scheduler.last_epoch)
-        if saved["args"]["total_batch_tokens"] != run.settings.total_batch_tokens:  # allowed: the data order holds
-            print0(f"--total_batch_tokens {run.settings.total_batch_tokens:,} (the checkpoint's run had "
-                   f"{saved['args']['total_batch_tokens']:,}): grad_accum {run.grad_accum} from here on")
-    else:
+    position = resume_data(run, path, state["loader"])
+    if rng_problem:
+        say(f"warning: [rank {run.engine.global_rank}] {path}: {rng_problem}: this rank's random state was not "
+            f"restored, so the run will not repeat an uninterrupted one exactly", sys.stderr)
+    every_rng = dist.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=run.device)).item() == 1.0
+    layout = (f"saved on {saved['world_size']} rank(s) with ZeRO {saved['zero_stage']}, now "
+              f"{run.world_size} with ZeRO {run.engine.zero_optimization_stage()}")
+    if kind == "weights":
         set_schedule_position(run, step)
-        epoch = restart_data(run.train_loader, state["loader"])
-        print0(f"resumed from {path} at step {step} with WEIGHTS ONLY: saved by {saved_world} rank(s), now "
-               f"{run.world_size}; optimizer moments restart from zero, data from epoch {epoch}")
+        print0(f"resumed from {path} at step {step} with WEIGHTS ONLY ({layout}; saved before checkpoints recorded "
+               f"what a conversion needs): optimizer moments restart from zero; schedule; {position}")
+        return step
+    if kind == "exact":
+        loaded = "weights, optimizer, schedule, " + position + " and " + (
+            "RNG" if every_rng else "not the RNG of every rank (see the warning)")
+    else:
+        how = (f"through its universal form, {universal.universal_path(path)}" if kind == "universal"
+               else "ZeRO 0 keeps it whole")
+        loaded = (f"weights, fp32 master weights, Adam's moments ({how}), schedule and {position}; not the RNG "
+                  f"({layout}: the random states were per rank)")
+    print0(f"resumed from {path} at step {step}: {loaded}")
+    schedule_changes(run, saved["args"], run.engine.lr_scheduler.last_epoch)
+    if saved["args"]["total_batch_tokens"] != run.settings.total_batch_tokens:
+        print0(f"--total_batch_tokens {run.settings.total_batch_tokens:,} (the checkpoint's run had "
+               f"{saved['args']['total_batch_tokens']:,}): grad_accum {run.grad_accum} from here on")
     return step
+
+
+def resume_data(run, path, saved):
+    """Put the loader where the checkpoint's run would have read next (gpt/data.py: on any world size and
+    micro-batch), or with --reset_data_position at the next epoch's start; says which."""
+    if run.settings.reset_data_position:
+        return f"data from the start of epoch {restart_data(run.train_loader, saved)} (--reset_data_position)"
+    try:
+        note = run.train_loader.load_state_dict(saved)
+    except DataError as e:  # other shards under --data than the checkpoint's run read
+        raise checkpoint.CheckpointError(f"{path}: cannot resume the data position: {e}") from None
+    return note or "data position"
 
 
 def restart_data(loader, saved):
@@ -488,7 +531,7 @@ def train(settings, stop):
             if not out_of_memory(e):
                 raise
             fail(out_of_memory_message(prepared, e), code=1, every_rank=True)
-        fit(run, resume(run, prepared.resume_from), stop)
+        fit(run, resume(run, prepared.resume_from, prepared.resume_kind), stop)
     except DiskProblem as e:
         fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)
     except StopTraining as e:

@@ -18,7 +18,8 @@ def plain_pytorch_losses(data_dir):
     model = GPT(replace(PRESETS["tiny"], vocab_size=PADDED_VOCAB_SIZE))
     optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, LR, WARMUP, STEPS, 0.1) / LR)
-    loader = ShuffledTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ, seed=SEED)  # as train_ds.py builds it
+    loader = ShuffledTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ, seed=SEED,
+                                 windows_per_batch=ACCUM * MICRO)  # as train_ds.py builds it
     losses, lrs = [], []
     for _ in range(STEPS):
         lrs.append(optimizer.param_groups[0]["lr"])

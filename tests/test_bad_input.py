@@ -484,8 +484,8 @@ TRAIN_CASES = [
                  "error: {path}: wandb.enabled needs the wandb package, which is not installed (pip install wandb, or "
                  "disable it)", marks=pytest.mark.skipif(bool(find_spec("wandb")), reason="wandb is installed")),
     (lambda t: ["--ds_config", ds_json(t, checkpoint={"load_universal": True})],
-     "error: {path}: checkpoint.load_universal is not supported yet: --resume loads this trainer's own checkpoints, "
-     "not DeepSpeed's universal ones; remove it"),
+     "error: {path}: checkpoint.load_universal is the trainer's to set: --resume converts a checkpoint to "
+     "DeepSpeed's universal form and loads it that way when the world size or ZeRO stage changed; remove it"),
 ]
 
 

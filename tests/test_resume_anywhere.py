@@ -1,0 +1,134 @@
+"""Resume anywhere: a checkpoint continues on another world size, ZeRO stage or micro-batch with its Adam moments,
+its schedule and exactly the next global batch (gpt/universal.py, gpt/data.py). The losses after such a resume
+are the uninterrupted run's up to the order of the sums: ranks and micro-steps add a step's gradients in another
+order. Measured on CPU (2026-11-24): RELATIVE_TOLERANCE's comments."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import HALF, TINY, out_dir_of, succeeded, train, two_rank_run, write_ds_config
+from gpt import checkpoint
+
+# 1024 tokens a step: 2 ranks x micro_batch 4 x seq_len 64 x grad_accum 2, or 1 rank x grad_accum 4
+CHAIN = [*TINY, "--total_batch_tokens", "1024", "--save_every", "2", "--keep_last", "10", "--lr", "3e-3"]
+# The largest relative difference from the uninterrupted run over the resumed steps (what the test measures):
+# fp32 ... ; bf16 ...
+RELATIVE_TOLERANCE = {"fp32": 1e-6, "bf16": 2e-3}
+# name: (the uninterrupted 2-rank run's DeepSpeed JSON, the resumed 1-rank run's, data fixture, extra flags,
+# whether a third leg goes back to 2 ranks with the first JSON)
+CASES = {
+    "zero1_fp32": (dict(stage=1, precision="fp32"), dict(stage=1, precision="fp32"), "shakespeare_dir", [], True),
+    "zero2_fp32": (dict(stage=2, precision="fp32"), dict(stage=2, precision="fp32"), "shakespeare_dir", [], True),
+    # bf16 ZeRO 1 is DeepSpeed's BF16_Optimizer (fp32 gradient accumulation), ZeRO 2 its ZeRO optimizer
+    "bf16_zero1_to_zero2": (dict(stage=1), dict(stage=2), "small_vocab_dir", HALF, True),
+    # ZeRO 0 needs no conversion: its optimizer state is whole in the checkpoint
+    "zero0_fp32": (dict(stage=0, precision="fp32"), dict(stage=0, precision="fp32"), "shakespeare_dir", [], False),
+}
+
+
+def losses(records):
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def largest_relative_difference(resumed, whole):
+    assert resumed and set(resumed) <= set(whole)
+    return max(abs(resumed[s] - whole[s]) / abs(whole[s]) for s in resumed)
+
+
+@pytest.mark.two_rank_runs({f"whole_{name}": two_rank_run("--data", f"{{{data}}}", *CHAIN, *flags, "--max_steps", "6",
+                                                          ds_config=first)
+                            for name, (first, _, data, flags, _) in CASES.items()})
+@pytest.mark.parametrize("name", CASES)
+def test_two_ranks_then_one_then_two_continue_the_uninterrupted_run(tmp_path, request, two_rank_runs, name):
+    first, second, data, flags, back = CASES[name]
+    data = request.getfixturevalue(data)
+    tolerance = RELATIVE_TOLERANCE[second.get("precision", "bf16")]
+    whole_records, whole_proc = succeeded(two_rank_runs[f"whole_{name}"])
+    whole = losses(whole_records)
+    step_1 = out_dir_of(whole_proc) / "checkpoints" / "step_00000001"
+    one = write_ds_config(tmp_path / "one.json", **second)
+    records, proc = train(tmp_path / "one", data, *CHAIN, *flags, "--max_steps", "4", "--ds_config", one,
+                          "--resume", str(step_1))
+    assert "resumed from" in proc.stdout and "at step 2" in proc.stdout and "data position" in proc.stdout
+    if first.get("stage") == 0:
+        assert "ZeRO 0 keeps it whole" in proc.stdout
+    else:
+        assert f"converted {step_1} to DeepSpeed's universal form" in proc.stdout
+        assert "Adam's moments (through its universal form" in proc.stdout
+    one_rank = losses(records)
+    assert sorted(one_rank) == [2, 3]
+    differences = {"2 -> 1 ranks": largest_relative_difference(one_rank, whole)}
+    if back:
+        again, proc = train(tmp_path / "again", data, *CHAIN, *flags, "--max_steps", "6", "--ds_config",
+                            write_ds_config(tmp_path / "two.json", **first), "--resume",
+                            str(tmp_path / "one" / "checkpoints" / "step_00000003"), ranks=2)
+        assert "at step 4" in proc.stdout and sorted(losses(again)) == [4, 5]
+        differences["1 -> 2 ranks"] = largest_relative_difference(losses(again), whole)
+    print(f"{name}: largest relative difference from the uninterrupted run: {differences}")
+    assert max(differences.values()) < tolerance, differences
+    assert min(whole[s] for s in (4, 5)) < whole[0] - 0.5  # it learns: the comparison is between trained weights
+
+
+def test_another_micro_batch_on_the_same_world_size_continues_the_uninterrupted_run(tmp_path, shakespeare_dir):
+    """A V100 node in place of an A800 node: the same ranks, a smaller micro-batch and more accumulation."""
+    whole, _ = train(tmp_path / "whole", shakespeare_dir, *CHAIN, "--max_steps", "4")
+    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *CHAIN, "--max_steps", "4", "--micro_batch", "2",
+                          "--resume", str(tmp_path / "whole" / "checkpoints" / "step_00000001"))
+    assert "weights, optimizer, schedule, data position and RNG" in proc.stdout
+    assert "micro_batch 2" in proc.stdout and "grad_accum 8" in proc.stdout
+    difference = largest_relative_difference(losses(resumed), losses(whole))
+    print(f"micro_batch 4 -> 2: largest relative difference from the uninterrupted run: {difference:.3g}")
+    assert sorted(losses(resumed)) == [2, 3] and difference < RELATIVE_TOLERANCE["fp32"]
+
+
+def as_saved_before_format_2(step_dir):
+    """Make a checkpoint as this trainer saved them before checkpoint format 2: no "format" in run_config.json, no
+    universal_checkpoint_info nor run_config in the client state, the loader's position in global batches of one
+    micro-step (micro_batch x world_size windows); complete.json's sizes updated to match."""
+    run = json.loads((step_dir / "run_config.json").read_text())
+    del run["format"]
+    (step_dir / "run_config.json").write_text(json.dumps(run))
+    states = step_dir / "mp_rank_00_model_states.pt"
+    state = torch.load(states, weights_only=False)
+    for key in ("universal_checkpoint_info", "run_config"):
+        state.pop(key, None)
+    loader = state["loader"]
+    micro_steps = loader.pop("windows_per_batch") // (run["args"]["micro_batch"] * run["world_size"])
+    state["loader"] = {**loader, "batch": loader["batch"] * micro_steps, "world_size": run["world_size"],
+                       "micro_batch": run["args"]["micro_batch"]}
+    torch.save(state, states)
+    complete = json.loads((step_dir / "complete.json").read_text())
+    complete["files"] = checkpoint.file_sizes(step_dir)
+    (step_dir / "complete.json").write_text(json.dumps(complete))
+
+
+@pytest.mark.two_rank_runs({"whole_zero2_fp32": two_rank_run("--data", "{shakespeare_dir}", *CHAIN, "--max_steps", "6",
+                                                             ds_config=CASES["zero2_fp32"][0])})
+def test_an_older_checkpoint_on_another_world_size_restarts_from_its_weights(tmp_path, shakespeare_dir, two_rank_runs):
+    whole_records, whole_proc = succeeded(two_rank_runs["whole_zero2_fp32"])
+    old = tmp_path / "old" / "checkpoints" / "step_00000003"
+    shutil.copytree(out_dir_of(whole_proc) / "checkpoints" / "step_00000003", old)
+    as_saved_before_format_2(old)
+    records, proc = train(tmp_path / "b", shakespeare_dir, *CHAIN, "--max_steps", "6", "--ds_config",
+                          write_ds_config(tmp_path / "ds.json", **CASES["zero2_fp32"][0]), "--resume", str(old))
+    assert (f"resumed from {old} at step 4 with WEIGHTS ONLY (saved on 2 rank(s) with ZeRO 2, now 1 with ZeRO 2; "
+            f"saved before checkpoints recorded what a conversion needs): optimizer moments restart from zero; "
+            f"schedule; data in global batches of 16 windows, 8 when saved: from batch ") in proc.stdout
+    steps = [r for r in records if "loss" in r]
+    whole = {r["step"]: r for r in whole_records if "loss" in r}
+    assert [r["step"] for r in steps] == [4, 5] and steps[0]["lr"] == whole[4]["lr"]  # the schedule's position
+    assert steps[0]["loss"] < whole[0]["loss"] - 0.5  # the trained weights, not a new initialisation
+    assert steps[0]["loss"] != pytest.approx(whole[4]["loss"], rel=1e-4)  # but Adam's moments are gone
+
+
+def test_an_older_checkpoint_on_its_own_world_size_resumes_exactly(tmp_path, shakespeare_dir):
+    whole, _ = train(tmp_path / "whole", shakespeare_dir, *CHAIN, "--max_steps", "4")
+    old = tmp_path / "old" / "checkpoints" / "step_00000001"
+    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_00000001", old)
+    as_saved_before_format_2(old)
+    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *CHAIN, "--max_steps", "4", "--resume", str(old))
+    assert ("weights, optimizer, schedule, data in the order of the checkpoint's run (saved before global batches "
+            "were a step's windows: one micro-step of 4 windows each) and RNG") in proc.stdout
+    assert losses(resumed) == {s: l for s, l in losses(whole).items() if s >= 2}  # bit for bit
