@@ -6,6 +6,8 @@ Layout under OUT_DIR/checkpoints/:
         run_config.json       the settings the run had, to refuse an incompatible resume up front
         complete.json         written last, after every rank finished, with every file's size: only
                               such checkpoints are loaded, and only while their files are all there whole
+        universal/            made later, on a resume on another world size: the same checkpoint in DeepSpeed's
+                              universal form (gpt/universal.py); not one of the checkpoint's own files
     latest                    the newest complete tag (moved after complete.json exists)
     step_00000200.damaged/    a complete checkpoint found damaged at resume, set aside (kept, never loaded)
 """
@@ -40,6 +42,9 @@ RNG_PATTERN = re.compile(r"^rng_rank\d{5}\.pt$")
 # world size and micro-batch continue, and DeepSpeed's universal_checkpoint_info, which a conversion needs.
 # Checkpoints without "format" in run_config.json are format 1.
 FORMAT = 2
+UNIVERSAL = "universal"  # a step's universal form, step_NNNNNNNN/universal/ (gpt/universal.py)
+UNIVERSAL_TEMPORARY = f"{UNIVERSAL}.tmp"  # where it is built, renamed to UNIVERSAL when complete
+MODEL_STATES = "mp_rank_00_model_states.pt"
 # Settings a checkpoint's weights and optimizer states only fit with; everything else may change on resume.
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
@@ -83,9 +88,11 @@ def warn(line):
 
 
 def file_sizes(path):
-    """name -> bytes of every file in a checkpoint directory but its completion marker."""
+    """name -> bytes of every file in a checkpoint directory but its completion marker and its universal form
+    (universal/ and the universal.tmp/ it is built in: made from the checkpoint later, not part of it)."""
     return {str(p.relative_to(path)): p.stat().st_size for p in sorted(Path(path).rglob("*"))
-            if p.is_file() and p.name != COMPLETE}
+            if p.is_file() and p.name != COMPLETE
+            and p.relative_to(path).parts[0] not in (UNIVERSAL, UNIVERSAL_TEMPORARY)}
 
 
 def json_kind(value):
@@ -154,8 +161,17 @@ def complete_tags(ckpt_dir):
 def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every):
     """Save on every rank (DeepSpeed requires it). `latest` moves only once every rank has written its
     part and the checkpoint is marked complete, so a crash mid-save leaves the previous one loadable."""
+    from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+
     ckpt_dir = checkpoint_dir(out_dir)
     tag = tag_for(step)
+    # UNIVERSAL_CHECKPOINT_INFO: what DeepSpeed's ds_to_universal requires to convert it (gpt/universal.py; empty:
+    # no tensor-parallel layouts here). DeepSpeed refuses it in client_state (a reserved key) and saves it from this
+    # module attribute instead. run_config: the model's shape also in the universal form, which copies this file
+    # but not run_config.json.
+    if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
+        setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, {})
+    client_state = {**client_state, "run_config": run_config}
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
     torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{dist.rank():05d}.pt")
     dist.barrier()  # every rank's files are on disk
@@ -201,9 +217,18 @@ def find_checkpoint(resume, out_dir):
     """The checkpoint directory to resume from, or None for a fresh start ('auto' with nothing saved).
     `resume` is 'auto' (the newest intact one under out_dir) or a path to a checkpoint or its parent; with
     out_dir None (the console scripts) it is always a path."""
+    from gpt.universal import is_universal
+
     if resume == "auto" and out_dir is not None:  # without a run's out_dir (gpt-export, gpt-eval) 'auto' is a path
         return newest_intact(checkpoint_dir(out_dir))
     path = Path(resume)
+    if is_universal(path):  # STEP/universal, or one made with `python -m deepspeed.checkpoint.ds_to_universal`
+        if out_dir is not None:
+            step = path.parent if (path.parent / COMPLETE).exists() else None
+            raise CheckpointError(f"{path}: a universal checkpoint: --resume takes "
+                                  + (f"the checkpoint it was made from, {step}" if step else
+                                     "one of this trainer's checkpoints (a step_NNNNNNNN directory)"))
+        return path  # the console scripts read its weights (read_weights)
     if (path / COMPLETE).exists():
         problem = damage(path)
         if problem:
@@ -374,7 +399,13 @@ def run_config_problems(run):
 
 def read_run_config(path):
     """A checkpoint's run_config.json, checked to be as save() wrote it: CheckpointError naming the file and
-    the key otherwise (an edited or foreign file used to raise a TypeError wherever it was read)."""
+    the key otherwise (an edited or foreign file used to raise a TypeError wherever it was read). For a universal
+    checkpoint (gpt/universal.py), the one of the step it was made in, or else the one its model-states file
+    records."""
+    from gpt import universal
+
+    if universal.is_universal(path):
+        return universal.read_run_config(path)
     file = Path(path) / RUN_CONFIG
     problem = regular_file_problem(file)
     if problem:
@@ -514,16 +545,21 @@ def unreadable_file(path, error):
 
 
 def read_weights(path):
-    """(fp32 state dict, GPTConfig) of a checkpoint (or the newest under a checkpoints/ directory): the
-    optimizer's fp32 master weights via DeepSpeed's zero_to_fp32 reader where it can read them (ZeRO 1/2),
-    else the module's weights."""
+    """(fp32 state dict, GPTConfig) of a checkpoint (or the newest under a checkpoints/ directory, or a universal
+    checkpoint: gpt/universal.py): the optimizer's fp32 master weights via DeepSpeed's zero_to_fp32 reader where
+    it can read them (ZeRO 1/2), from zero/<name>/fp32.pt in a universal one, else the module's weights."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from gpt import universal
 
     path = find_checkpoint(str(path), None)
     run = read_run_config(path)
     config = GPTConfig(**run["model"])
     state = None
-    if run["zero_stage"] > 0:
+    if universal.is_universal(path):
+        state = universal.read_fp32_weights(path)
+        if "transformer.wte.weight" in state:  # tied: lm_head.weight's own file holds the module's 16-bit copy
+            state["lm_head.weight"] = state["transformer.wte.weight"]
+    elif run["zero_stage"] > 0:
         try:
             with contextlib.redirect_stdout(sys.stderr):  # its progress prints: stdout is gpt-eval --json's
                 state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
@@ -532,7 +568,7 @@ def read_weights(path):
         except UNREADABLE as e:  # a garbled or cut file: name it, not zero_to_fp32's insides
             raise CheckpointError(unreadable_file(path, e)) from None
     if state is None:  # the module's own weights (16-bit in half-precision runs)
-        model_file = path / "mp_rank_00_model_states.pt"
+        model_file = path / MODEL_STATES
         try:
             state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
         except UNREADABLE as e:

@@ -146,7 +146,8 @@ def setup(settings):
             checkpoint.check_compatible(resume_from, saved, run_config)
             kind = checkpoint.resume_kind(saved, run_config)
             if kind == "universal":
-                problem = universal.convert_problem(resume_from)
+                converted = (resume_from / universal.UNIVERSAL).is_dir()  # by an earlier resume: reused
+                problem = None if converted else universal.convert_problem(resume_from)
                 if problem:
                     raise checkpoint.CheckpointError(problem)
                 ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
@@ -207,15 +208,16 @@ def lock_out_dir(settings, resume_from):
 def convert_to_universal(path):
     """Rank 0, before the process group exists: the checkpoint's universal form for a resume on another world size
     or ZeRO stage (gpt/universal.py), converted once and reused. Returns why it failed, or None."""
+    target = Path(path) / universal.UNIVERSAL
+    if target.is_dir():
+        say(f"reusing {target}, converted by an earlier resume")
+        return None
     start = time.perf_counter()
-    converted = not universal.universal_path(path).is_dir()
     try:
         universal.universal_dir(path)
     except checkpoint.CheckpointError as e:
         return e
-    if converted:
-        say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s "
-            f"({universal.universal_path(path)})")
+    say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s ({target})")
     return None
 
 
@@ -318,7 +320,7 @@ def resume(run, path, kind):
         loaded = "weights, optimizer, schedule, " + position + " and " + (
             "RNG" if every_rng else "not the RNG of every rank (see the warning)")
     else:
-        how = (f"through its universal form, {universal.universal_path(path)}" if kind == "universal"
+        how = (f"through its universal form, {Path(path) / universal.UNIVERSAL}" if kind == "universal"
                else "ZeRO 0 keeps it whole")
         loaded = (f"weights, fp32 master weights, Adam's moments ({how}), schedule and {position}; not the RNG "
                   f"({layout}: the random states were per rank)")
