@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TINY, free_port, succeeded, two_rank_run
+from conftest import REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
 from gpt import checkpoint
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
@@ -173,3 +173,10 @@ def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare
     assert "nnodes=2, num_local_procs=1, node_rank=1" in out1
     assert "--master_addr=127.0.0.1" in out0
     assert losses(metrics(tmp_path)) == one_node
+    # 2 nodes -> 1 node of 1 rank: step 7's checkpoint goes on with Adam's moments and the next global batch
+    step_7 = tmp_path / "out" / "checkpoints" / "step_00000007"
+    records, proc = train(tmp_path / "one_rank", shakespeare_dir, *ARGS, "--resume", str(step_7))
+    assert f"converted {step_7} to DeepSpeed's universal form" in proc.stdout and "at step 8" in proc.stdout
+    resumed = losses(records)
+    assert sorted(resumed) == [8, 9, 10, 11]
+    assert max(abs(resumed[s] / one_node[s] - 1) for s in resumed) < RELATIVE_TOLERANCE["fp32"]
