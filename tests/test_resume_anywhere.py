@@ -56,6 +56,10 @@ def test_two_ranks_then_one_then_two_continue_the_uninterrupted_run(tmp_path, re
         assert "Adam's moments (through its universal form" in proc.stdout
     one_rank = losses(records)
     assert sorted(one_rank) == [2, 3, 4, 5]
+    if name == "zero1_fp32":  # a second resume from the same step reuses its universal form
+        _, proc = train(tmp_path / "again_one", data, *CHAIN, *flags, "--max_steps", "3", "--ds_config", one,
+                        "--resume", str(step_1))
+        assert f"reusing {step_1 / 'universal'}, converted by an earlier resume" in proc.stdout
     differences = {"2 -> 1 ranks": largest_relative_difference(one_rank, whole)}
     if back:
         again, proc = train(tmp_path / "again", data, *CHAIN, *flags, "--max_steps", "6", "--ds_config",
@@ -130,3 +134,22 @@ def test_an_older_checkpoint_on_its_own_world_size_resumes_exactly(tmp_path, sha
     assert ("weights, optimizer, schedule, data in the order of the checkpoint's run (saved before global batches "
             "were a step's windows: one micro-step of 4 windows each) and RNG") in proc.stdout
     assert losses(resumed) == {s: l for s, l in losses(whole).items() if s >= 2}  # bit for bit
+
+
+@pytest.mark.two_rank_runs({"whole_zero2_fp32": two_rank_run("--data", "{shakespeare_dir}", *CHAIN, "--max_steps", "6",
+                                                             ds_config=CASES["zero2_fp32"][0])})
+def test_a_conversion_that_fails_is_one_line_and_leaves_the_checkpoint_untouched(tmp_path, shakespeare_dir,
+                                                                                 two_rank_runs):
+    _, whole_proc = succeeded(two_rank_runs["whole_zero2_fp32"])
+    step = tmp_path / "run" / "checkpoints" / "step_00000005"
+    shutil.copytree(out_dir_of(whole_proc) / "checkpoints" / "step_00000005", step)
+    optim = step / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    optim.write_bytes(b"\0" * optim.stat().st_size)  # garbled in place: its recorded size still fits
+    before = {p.name: p.read_bytes() for p in step.iterdir()}
+    _, proc = train(tmp_path / "b", shakespeare_dir, *CHAIN, "--max_steps", "7", "--ds_config",
+                    write_ds_config(tmp_path / "ds.json", **CASES["zero2_fp32"][0]), "--resume", str(step), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: {step}: could not convert it to a universal checkpoint (")
+    assert proc.stderr.strip().splitlines()[-1].endswith("); the checkpoint is untouched")
+    assert {p.name: p.read_bytes() for p in step.iterdir()} == before  # nothing added, nothing changed
