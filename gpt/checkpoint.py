@@ -45,6 +45,7 @@ FORMAT = 2
 UNIVERSAL = "universal"  # a step's universal form, step_NNNNNNNN/universal/ (gpt/universal.py)
 UNIVERSAL_TEMPORARY = f"{UNIVERSAL}.tmp"  # where it is built, renamed to UNIVERSAL when complete
 MODEL_STATES = "mp_rank_00_model_states.pt"
+ZERO = "zero"  # DeepSpeed's directory of per-parameter states in a universal checkpoint
 # Settings a checkpoint's weights and optimizer states only fit with; everything else may change on resume.
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
@@ -217,8 +218,6 @@ def find_checkpoint(resume, out_dir):
     """The checkpoint directory to resume from, or None for a fresh start ('auto' with nothing saved).
     `resume` is 'auto' (the newest intact one under out_dir) or a path to a checkpoint or its parent; with
     out_dir None (the console scripts) it is always a path."""
-    from gpt.universal import is_universal
-
     if resume == "auto" and out_dir is not None:  # without a run's out_dir (gpt-export, gpt-eval) 'auto' is a path
         return newest_intact(checkpoint_dir(out_dir))
     path = Path(resume)
@@ -402,10 +401,8 @@ def read_run_config(path):
     the key otherwise (an edited or foreign file used to raise a TypeError wherever it was read). For a universal
     checkpoint (gpt/universal.py), the one of the step it was made in, or else the one its model-states file
     records."""
-    from gpt import universal
-
-    if universal.is_universal(path):
-        return universal.read_run_config(path)
+    if is_universal(path):
+        return read_universal_run_config(path)
     file = Path(path) / RUN_CONFIG
     problem = regular_file_problem(file)
     if problem:
@@ -544,19 +541,77 @@ def unreadable_file(path, error):
     return f"{path}: unreadable ({brief(error)})"
 
 
+# A universal checkpoint's files, read here for read_weights and read_run_config; made and loaded by gpt/universal.py
+def is_universal(path):
+    """Whether path is a universal checkpoint: a directory holding zero/ and mp_rank_00_model_states.pt
+    (DeepSpeed's layout: ours, step_N/universal, or one made with `python -m deepspeed.checkpoint.ds_to_universal`)."""
+    path = Path(path)
+    return (path / ZERO).is_dir() and (path / MODEL_STATES).is_file()
+
+
+def model_states(path):
+    """The dict in path/mp_rank_00_model_states.pt, its tensors memory-mapped (cheap: nothing large is read)."""
+    file = Path(path) / MODEL_STATES
+    problem = not_regular(file) if os.path.lexists(file) else "missing"
+    if problem:  # a FIFO would block torch.load forever
+        raise CheckpointError(f"{file}: {problem}")
+    try:
+        state = torch.load(file, map_location="cpu", mmap=zipfile.is_zipfile(file), weights_only=False)
+    except UNREADABLE as e:
+        raise CheckpointError(f"{file}: unreadable ({brief(e)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: unreadable (not a DeepSpeed model-states file)")
+    return state
+
+
+def read_fp32_weights(path):
+    """{parameter name: fp32 tensor} of a universal checkpoint: zero/<name>/fp32.pt's 'param' (for ZeRO 1/2 the
+    optimizer's fp32 master weights; a parameter the optimizer had none of, the module's weights in fp32)."""
+    state = {}
+    for param_dir in sorted(p for p in (Path(path) / ZERO).iterdir() if p.is_dir()):
+        file = param_dir / "fp32.pt"
+        if not os.path.lexists(file):
+            continue
+        problem = not_regular(file)
+        if problem:
+            raise CheckpointError(f"{file}: {problem}")
+        try:
+            saved = torch.load(file, map_location="cpu", weights_only=False)
+        except UNREADABLE as e:
+            raise CheckpointError(f"{file}: unreadable ({brief(e)})") from None
+        if not (isinstance(saved, dict) and torch.is_tensor(saved.get("param"))):
+            raise CheckpointError(f"{file}: unreadable (not a universal checkpoint's {{'param': tensor}})")
+        state[param_dir.name] = saved["param"]
+    return state
+
+
+def read_universal_run_config(path):
+    """The run_config of a universal checkpoint: run_config.json of the directory holding it (our layout:
+    step_N/universal), or else the one save() records in its mp_rank_00_model_states.pt (a copy moved away)."""
+    path = Path(path)
+    if os.path.lexists(path.parent / RUN_CONFIG):
+        return read_run_config(path.parent)
+    run = model_states(path).get("run_config")
+    if run is None:
+        raise CheckpointError(f"{path}: a universal checkpoint whose model shape is unknown: no {RUN_CONFIG} beside "
+                              f"it in {path.parent}, and its {MODEL_STATES} records none (saved before checkpoints "
+                              f"did): copy the {RUN_CONFIG} of the checkpoint it was made from into {path.parent}")
+    problem = run_config_problems(run)
+    if problem:
+        raise CheckpointError(f"{path / MODEL_STATES}: its run_config: {problem}")
+    return run
 def read_weights(path):
     """(fp32 state dict, GPTConfig) of a checkpoint (or the newest under a checkpoints/ directory, or a universal
     checkpoint: gpt/universal.py): the optimizer's fp32 master weights via DeepSpeed's zero_to_fp32 reader where
     it can read them (ZeRO 1/2), from zero/<name>/fp32.pt in a universal one, else the module's weights."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from gpt import universal
 
     path = find_checkpoint(str(path), None)
     run = read_run_config(path)
     config = GPTConfig(**run["model"])
     state = None
-    if universal.is_universal(path):
-        state = universal.read_fp32_weights(path)
+    if is_universal(path):
+        state = read_fp32_weights(path)
         if "transformer.wte.weight" in state:  # tied: lm_head.weight's own file holds the module's 16-bit copy
             state["lm_head.weight"] = state["transformer.wte.weight"]
     elif run["zero_stage"] > 0:

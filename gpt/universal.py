@@ -28,43 +28,15 @@ import contextlib
 import os
 import shutil
 import sys
-import zipfile
 from pathlib import Path
 
-import torch
-
-from gpt import checkpoint
-from gpt.checkpoint import (MODEL_STATES, RUN_CONFIG, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, CheckpointError,
-                            brief, not_regular, run_config_problems)
+from gpt.checkpoint import (MODEL_STATES, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, CheckpointError, brief,
+                            is_universal, model_states)
 from gpt.disk import free_bytes, megabytes, write_problem
 
-__all__ = ["UNIVERSAL", "convert_problem", "universal_dir", "is_universal", "load", "read_fp32_weights",
-           "read_run_config"]
+__all__ = ["UNIVERSAL", "convert_problem", "universal_dir", "is_universal", "load"]
 
-ZERO = "zero"  # DeepSpeed's directory of per-parameter states in a universal checkpoint
 OPTIM_FILES = "*zero_pp_rank_*_optim_states.pt"  # ZeRO's partitions (bf16_zero_pp_rank_*: BF16_Optimizer's)
-
-
-def is_universal(path):
-    """Whether path is a universal checkpoint: a directory holding zero/ and mp_rank_00_model_states.pt
-    (DeepSpeed's layout: ours, step_N/universal, or one made with `python -m deepspeed.checkpoint.ds_to_universal`)."""
-    path = Path(path)
-    return (path / ZERO).is_dir() and (path / MODEL_STATES).is_file()
-
-
-def model_states(path):
-    """The dict in path/mp_rank_00_model_states.pt, its tensors memory-mapped (cheap: nothing large is read)."""
-    file = Path(path) / MODEL_STATES
-    problem = not_regular(file) if os.path.lexists(file) else "missing"
-    if problem:  # a FIFO would block torch.load forever
-        raise CheckpointError(f"{file}: {problem}")
-    try:
-        state = torch.load(file, map_location="cpu", mmap=zipfile.is_zipfile(file), weights_only=False)
-    except UNREADABLE as e:
-        raise CheckpointError(f"{file}: unreadable ({brief(e)})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file}: unreadable (not a DeepSpeed model-states file)")
-    return state
 
 
 def conversion_bytes(step_dir):
@@ -173,41 +145,3 @@ def load(engine, step_dir):
     if loaded is None:
         raise CheckpointError(f"{path}: DeepSpeed could not load this universal checkpoint")
     return client_state
-
-
-def read_fp32_weights(path):
-    """{parameter name: fp32 tensor} of a universal checkpoint: zero/<name>/fp32.pt's 'param' (for ZeRO 1/2 the
-    optimizer's fp32 master weights; a parameter the optimizer had none of, the module's weights in fp32)."""
-    state = {}
-    for param_dir in sorted(p for p in (Path(path) / ZERO).iterdir() if p.is_dir()):
-        file = param_dir / "fp32.pt"
-        if not os.path.lexists(file):
-            continue
-        problem = not_regular(file)
-        if problem:
-            raise CheckpointError(f"{file}: {problem}")
-        try:
-            saved = torch.load(file, map_location="cpu", weights_only=False)
-        except UNREADABLE as e:
-            raise CheckpointError(f"{file}: unreadable ({brief(e)})") from None
-        if not (isinstance(saved, dict) and torch.is_tensor(saved.get("param"))):
-            raise CheckpointError(f"{file}: unreadable (not a universal checkpoint's {{'param': tensor}})")
-        state[param_dir.name] = saved["param"]
-    return state
-
-
-def read_run_config(path):
-    """The run_config of a universal checkpoint: run_config.json of the directory holding it (our layout:
-    step_N/universal), or else the one save() records in its mp_rank_00_model_states.pt (a copy moved away)."""
-    path = Path(path)
-    if os.path.lexists(path.parent / RUN_CONFIG):
-        return checkpoint.read_run_config(path.parent)
-    run = model_states(path).get("run_config")
-    if run is None:
-        raise CheckpointError(f"{path}: a universal checkpoint whose model shape is unknown: no {RUN_CONFIG} beside "
-                              f"it in {path.parent}, and its {MODEL_STATES} records none (saved before checkpoints "
-                              f"did): copy the {RUN_CONFIG} of the checkpoint it was made from into {path.parent}")
-    problem = run_config_problems(run)
-    if problem:
-        raise CheckpointError(f"{path / MODEL_STATES}: its run_config: {problem}")
-    return run
