@@ -1,10 +1,21 @@
-"""Checkpoint save/load time for a model size next to this disk's raw write speed, measured in one run.
+"""Checkpoint save/load time for a model size next to this disk's raw write speed, and the conversion to
+DeepSpeed's universal form (its time, its size, its load), measured in one run.
 
     python bench/checkpoint.py --model d12 --ds_config ds_configs/zero1_bf16.json --out_dir /tmp/ckpt_bench
 
 Raw write: the same number of bytes as the checkpoint, written from memory with one fsync. Save: our
 checkpoint.save (DeepSpeed's save_checkpoint on every rank + markers), then an fsync of its files, so
 both figures end on disk. Load: checkpoint.load into the engine (files in the page cache).
+
+Convert: gpt.universal.universal_dir on the step just saved (DeepSpeed's ds_to_universal in this process, one
+worker), then an fsync of step/universal, so it ends on disk as the save does; step/universal is removed before
+each repeat's conversion, so every repeat converts anew. Universal load: gpt.universal.load into a second engine,
+built with "checkpoint": {"load_universal": true} as the trainer builds one for a universal resume (the flag
+changes DeepSpeed's load path; files in the page cache). The run_config saved here is only {"world_size": 1}:
+neither the converter nor the universal load reads it (they read universal_checkpoint_info, which save() records).
+
+The d48 (GPT-2 1.5B) figures are not measured: conversion seconds and universal bytes are extrapolated linearly
+from this run's model by the ratio of parameter counts (gpt.model.param_count), a plan, not a measurement.
 """
 import argparse
 import json
@@ -16,13 +27,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt import checkpoint
+from gpt import checkpoint, universal
 from gpt import dist as gpt_dist
 from gpt import engine as ds_engine
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS, param_count
 from gpt.optim import OptimizerSettings
 
 REPEATS = 3
+EXTRAPOLATE_TO = "d48"  # GPT-2 1.5B
+
+
+def tree_bytes(path):
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def fsync_tree(path):
@@ -61,27 +77,55 @@ def main():
     _, loss = engine(x, x)  # one step, so that the optimizer states exist
     engine.backward(loss)
     engine.step()
+    # the trainer's engine for a universal resume: the same model and JSON with checkpoint.load_universal set
+    universal_config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+    universal_engine = ds_engine.initialize(GPT(PRESETS[args.model]), universal_config, micro_batch=1, grad_accum=1,
+                                            optimizer=optimizer)
 
-    # Alternate the three measurements and take medians: this disk's speed drifts between runs.
-    saves, loads, raws = [], [], []
+    # Alternate the measurements and take medians: this disk's speed drifts between runs.
+    saves, loads, raws, converts, universal_loads = [], [], [], [], []
     for repeat in range(REPEATS):
         start = time.perf_counter()
         path = checkpoint.save(engine, out, repeat, {"step": repeat}, {"world_size": 1}, keep_last=1, keep_every=0)
         fsync_tree(path)
         saves.append(time.perf_counter() - start)
-        nbytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        nbytes = tree_bytes(path)
         start = time.perf_counter()
         checkpoint.load(engine, path)
         loads.append(time.perf_counter() - start)
         raws.append(raw_write_seconds(out / "raw.bin", nbytes))
-    save_s, load_s, raw_s = (float(np.median(v)) for v in (saves, loads, raws))
-    results = {"model": args.model, "ds_config": args.ds_config, "checkpoint_bytes": nbytes, "repeats": REPEATS,
-               "save_s": save_s, "load_s": load_s, "raw_write_s": raw_s,
+        shutil.rmtree(path / universal.UNIVERSAL, ignore_errors=True)  # a new step has none; convert anew regardless
+        start = time.perf_counter()
+        universal_path = universal.universal_dir(path)
+        fsync_tree(universal_path)
+        converts.append(time.perf_counter() - start)
+        universal_bytes = tree_bytes(universal_path)
+        start = time.perf_counter()
+        universal.load(universal_engine, path)
+        universal_loads.append(time.perf_counter() - start)
+    save_s, load_s, raw_s, convert_s, universal_load_s = (
+        float(np.median(v)) for v in (saves, loads, raws, converts, universal_loads))
+    params, target_params = param_count(PRESETS[args.model]), param_count(PRESETS[EXTRAPOLATE_TO])
+    scale = target_params / params
+    results = {"model": args.model, "ds_config": args.ds_config, "params": params, "checkpoint_bytes": nbytes,
+               "repeats": REPEATS, "save_s": save_s, "load_s": load_s, "raw_write_s": raw_s,
                "save_mb_s": nbytes / save_s / 1e6, "load_mb_s": nbytes / load_s / 1e6,
                "raw_write_mb_s": nbytes / raw_s / 1e6, "save_vs_raw_write": raw_s / save_s,
-               "all_save_s": saves, "all_load_s": loads, "all_raw_write_s": raws}
+               "convert_s": convert_s, "universal_bytes": universal_bytes,
+               "universal_vs_checkpoint_bytes": universal_bytes / nbytes, "convert_vs_save": convert_s / save_s,
+               "universal_load_s": universal_load_s,
+               "all_save_s": saves, "all_load_s": loads, "all_raw_write_s": raws, "all_convert_s": converts,
+               "all_universal_load_s": universal_loads}
+    planned = {f"{EXTRAPOLATE_TO}_params": target_params,
+               f"{EXTRAPOLATE_TO}_convert_s_extrapolated": convert_s * scale,
+               f"{EXTRAPOLATE_TO}_universal_bytes_extrapolated": round(universal_bytes * scale)}
     for name, value in results.items():
-        print(f"{name:20s} {value:,.3f}" if isinstance(value, float) else f"{name:20s} {value}")  # lists as-is
+        print(f"{name:30s} {value:,.3f}" if isinstance(value, float) else f"{name:30s} {value}")  # lists as-is
+    print(f"{EXTRAPOLATE_TO}: planned, extrapolated linearly from {args.model} by parameter count "
+          f"(x{scale:.2f}), not measured:")
+    for name, value in planned.items():
+        print(f"{name:40s} {value:,.3f}" if isinstance(value, float) else f"{name:40s} {value:,}")
+    results.update(planned, extrapolated_from=args.model)
     print(json.dumps(results))
     shutil.rmtree(out, ignore_errors=True)
 

@@ -1,7 +1,7 @@
 """bench/train.py --smoke runs end to end (the overhead, ZeRO and checkpointing sections once, on the tiny model;
 the loss, speed and deterministic sections in a run of their own; on a GPU too) and what it measures is
 consistent: timings are not asserted (machines are noisy), byte counts are, and so are which rows run or are
-skipped and why."""
+skipped and why. bench/checkpoint.py runs too, on the tiny model: its universal conversion figures."""
 import importlib.util
 import json
 import os
@@ -180,3 +180,27 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
         "best (102 at micro-batch 32): meets the target (>= the classic loss's best); peak_rss_gib at micro-batch "
         "64: chunked 16.00 GiB, the classic loss out of memory (keeps the memory gain)")
     assert verdict["line"] in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_checkpoint_bench_measures_universal_conversion(tmp_path):
+    """bench/checkpoint.py on the tiny model: the universal conversion is measured next to the save (time, bytes,
+    its load into a load_universal engine) and extrapolated to d48 by parameter count; it cleans up after itself."""
+    from gpt.model import PRESETS, param_count
+
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "bench/checkpoint.py", "--model", "tiny", "--out_dir", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    assert results["save_s"] > 0 and results["checkpoint_bytes"] > 0
+    assert results["convert_s"] > 0 and results["universal_bytes"] > 0 and results["universal_load_s"] > 0
+    assert len(results["all_convert_s"]) == results["repeats"] == len(results["all_universal_load_s"])
+    assert results["universal_vs_checkpoint_bytes"] == results["universal_bytes"] / results["checkpoint_bytes"]
+    assert results["convert_vs_save"] == results["convert_s"] / results["save_s"]
+    scale = param_count(PRESETS["d48"]) / param_count(PRESETS["tiny"])
+    assert results["extrapolated_from"] == "tiny" and results["d48_params"] == param_count(PRESETS["d48"])
+    assert results["d48_convert_s_extrapolated"] == pytest.approx(results["convert_s"] * scale)
+    assert results["d48_universal_bytes_extrapolated"] == round(results["universal_bytes"] * scale)
+    assert "d48: planned, extrapolated linearly from tiny" in proc.stdout
+    assert not out.exists()
