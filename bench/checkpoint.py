@@ -42,10 +42,19 @@ def tree_bytes(path):
 
 
 def fsync_tree(path):
+    """Every file under path on disk; returns path."""
     for file in Path(path).rglob("*"):
         if file.is_file():
             with open(file, "rb+") as f:
                 os.fsync(f.fileno())
+    return path
+
+
+def timed(action):
+    """(seconds, result) of action()."""
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
 
 
 def raw_write_seconds(path, nbytes):
@@ -85,24 +94,17 @@ def main():
     # Alternate the measurements and take medians: this disk's speed drifts between runs.
     saves, loads, raws, converts, universal_loads = [], [], [], [], []
     for repeat in range(REPEATS):
-        start = time.perf_counter()
-        path = checkpoint.save(engine, out, repeat, {"step": repeat}, {"world_size": 1}, keep_last=1, keep_every=0)
-        fsync_tree(path)
-        saves.append(time.perf_counter() - start)
+        seconds, path = timed(lambda: fsync_tree(checkpoint.save(engine, out, repeat, {"step": repeat},
+                                                                 {"world_size": 1}, keep_last=1, keep_every=0)))
+        saves.append(seconds)
         nbytes = tree_bytes(path)
-        start = time.perf_counter()
-        checkpoint.load(engine, path)
-        loads.append(time.perf_counter() - start)
+        loads.append(timed(lambda: checkpoint.load(engine, path))[0])
         raws.append(raw_write_seconds(out / "raw.bin", nbytes))
         shutil.rmtree(path / universal.UNIVERSAL, ignore_errors=True)  # a new step has none; convert anew regardless
-        start = time.perf_counter()
-        universal_path = universal.universal_dir(path)
-        fsync_tree(universal_path)
-        converts.append(time.perf_counter() - start)
+        seconds, universal_path = timed(lambda: fsync_tree(universal.universal_dir(path)))
+        converts.append(seconds)
         universal_bytes = tree_bytes(universal_path)
-        start = time.perf_counter()
-        universal.load(universal_engine, path)
-        universal_loads.append(time.perf_counter() - start)
+        universal_loads.append(timed(lambda: universal.load(universal_engine, path))[0])
     save_s, load_s, raw_s, convert_s, universal_load_s = (
         float(np.median(v)) for v in (saves, loads, raws, converts, universal_loads))
     params, target_params = param_count(PRESETS[args.model]), param_count(PRESETS[EXTRAPOLATE_TO])
