@@ -121,7 +121,7 @@ def build_parser():
                    help="'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
     p.add_argument("--reset_data_position", action="store_true",
                    help="with --resume: continue from the start of the next epoch instead of the saved data position "
-                        "(which is refused when the train shards changed since the save)")
+                        "(which is refused when the train shards, --seq_len or --seed changed since the save)")
     p.add_argument("--init_from", default=None,
                    help="a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
     p.add_argument("--skip_loss_z", type=float, default=0.0,
