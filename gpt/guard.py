@@ -71,10 +71,23 @@ class SpikeGuard:
         return None
 
 
+_STEPPING = []  # the guard of the BF16_Optimizer step in progress, set around that optimizer's step()
+
+
+def _guarded_global_norm(compute):
+    """bf16_optimizer's get_global_norm_of_tensors through the guard of the BF16_Optimizer stepping now, if any:
+    the module function is shared by every BF16_Optimizer in the process, each with its own run and guard."""
+    def global_norm(*args, **kwargs):
+        norm = compute(*args, **kwargs)
+        return _STEPPING[-1].filter_grad_norm(norm) if _STEPPING else norm
+    global_norm.guarded = True
+    return global_norm
+
+
 def install_grad_norm_hook(engine, guard):
     """Route the optimizer's global gradient norm through guard.filter_grad_norm. DeepSpeed 0.19 computes
     it in DeepSpeedZeroOptimizer.scaled_global_norm (ZeRO 1/2) and, for BF16_Optimizer (bf16 + ZeRO-1 +
-    fp32 accumulation), through the module function get_global_norm_of_tensors."""
+    fp32 accumulation), through the module function get_global_norm_of_tensors inside its step()."""
     import deepspeed.runtime.bf16_optimizer as bf16_optimizer
 
     optimizer = engine.optimizer
@@ -83,7 +96,16 @@ def install_grad_norm_hook(engine, guard):
         optimizer.scaled_global_norm = lambda *a, **k: guard.filter_grad_norm(compute(*a, **k), optimizer.loss_scale)
         return True
     if isinstance(optimizer, bf16_optimizer.BF16_Optimizer):
-        compute = bf16_optimizer.get_global_norm_of_tensors
-        bf16_optimizer.get_global_norm_of_tensors = lambda *a, **k: guard.filter_grad_norm(compute(*a, **k))
+        if not getattr(bf16_optimizer.get_global_norm_of_tensors, "guarded", False):  # once per process
+            bf16_optimizer.get_global_norm_of_tensors = _guarded_global_norm(bf16_optimizer.get_global_norm_of_tensors)
+        step = optimizer.step
+
+        def guarded_step(*args, **kwargs):
+            _STEPPING.append(guard)
+            try:
+                return step(*args, **kwargs)
+            finally:
+                _STEPPING.pop()
+        optimizer.step = guarded_step
         return True
     return False  # ZeRO-0 optimizers: no skip path to reuse, so no guard

@@ -47,6 +47,24 @@ def weights(engine):
     return {k: v.clone() for k, v in engine.module.state_dict().items()}
 
 
+def test_each_bf16_optimizer_answers_to_its_own_guard(single_rank_group):
+    """BF16_Optimizer's gradient norm comes from a module function that every BF16_Optimizer in the process shares
+    (several runs in one process: the tests, the bench): one run's guard must not judge another run's steps."""
+    first, second = build_engine("zero1_bf16.json"), build_engine("zero1_bf16.json")
+    skipping = SpikeGuard(grad_z=4.0)
+    skipping.reason = "the first run's step is being skipped"  # as filter_grad_norm sets it, until end_step
+    install_grad_norm_hook(first, skipping)
+    guard = SpikeGuard(grad_z=4.0, min_history=3)
+    install_grad_norm_hook(second, guard)
+    before = weights(second)
+    assert not step(second, guard) and any(not torch.equal(before[k], v) for k, v in weights(second).items())
+    skipped_before = first.skipped_steps
+    x = torch.randint(0, MODEL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    first.backward(first(x, x)[1])
+    first.step()
+    assert first.skipped_steps == skipped_before + 1  # its own guard still skips its update
+
+
 @pytest.mark.parametrize("config,fp32,optimizer_class", [
     ("zero1_bf16.json", False, "BF16_Optimizer"),
     ("zero2_bf16.json", False, "DeepSpeedZeroOptimizer"),
