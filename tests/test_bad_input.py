@@ -175,6 +175,13 @@ RUN_CONFIG = {"model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 2
                        "min_lr_ratio": 0.1, "init_from": None}}
 
 
+def universal_dir_of(step):
+    """STEP/universal as DeepSpeed's converter lays one out (zero/ and the model-states file), empty files."""
+    (Path(step) / "universal" / "zero").mkdir(parents=True)
+    (Path(step) / "universal" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    return f"{step}/universal"
+
+
 def fake_checkpoint(tmp_path, run_config=RUN_CONFIG, complete='{"step": 1}'):
     """{tmp}/ck/step_00000001 holding only a run_config.json and a complete.json (json text, or a function
     making the file at the path given): enough for the checks before launch, which read nothing else."""
@@ -430,6 +437,12 @@ TRAIN_CASES = [
      'error: {tmp}/ck/step_00000001/run_config.json: zero_stage must be 0, 1, 2 or 3, got "2"'),
     (lambda t: ["--resume", fake_checkpoint(t, run_config=os.mkfifo)],
      "error: {tmp}/ck/step_00000001/run_config.json: a FIFO (named pipe), not a regular file"),
+    (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "format": 3})],
+     "error: {tmp}/ck/step_00000001/run_config.json: format must be a checkpoint format this trainer reads (1 to 2), "
+     "got 3"),
+    (lambda t: ["--resume", universal_dir_of(fake_checkpoint(t))],
+     "error: {tmp}/ck/step_00000001/universal: a universal checkpoint: --resume takes the checkpoint it was made "
+     "from, {tmp}/ck/step_00000001"),
     (lambda t: fake_checkpoint(t, complete=os.mkfifo) and ["--resume", str(t / "ck")],
      "error: {tmp}/ck: every complete checkpoint is damaged (the oldest, step_00000001: unreadable complete.json (a "
      "FIFO (named pipe), not a regular file))"),
