@@ -1,6 +1,7 @@
 """The CUDA paths, on one GPU: d12-shaped steps in bf16 and fp16 (the loss scale moves on overflow), the
 default torch.compile with validation and sampling, bit-exact resume under --deterministic, --micro_batch
-auto, DeepSpeed's FusedAdam JIT build, and gpt-eval / gpt-sample on the GPU. Skipped where there is no
+auto, a resume through DeepSpeed's universal form, DeepSpeed's FusedAdam JIT build, and gpt-eval / gpt-sample on
+the GPU. Skipped where there is no
 CUDA (CI); `python -m pytest -m gpu tests` runs just these on a GPU machine."""
 import json
 import re
@@ -81,6 +82,22 @@ def test_deterministic_resume_is_bit_exact(tmp_path, shakespeare_dir, config):
         return [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss")) for r in records
                 if r["step"] >= 3 and ("loss" in r or "val_loss" in r)]
     assert exact(resumed) == exact(whole)  # equality, not a tolerance
+
+
+def test_a_resume_on_another_zero_stage_and_micro_batch_goes_through_the_universal_form(tmp_path, shakespeare_dir):
+    """bf16 ZeRO 1 (BF16_Optimizer) saved, resumed as ZeRO 2 with half the micro-batch: converted to DeepSpeed's
+    universal form and loaded into a CUDA engine, then the uninterrupted run's losses to bf16's rounding (the
+    sums go in another order; tests/test_resume_anywhere.py measures the same on CPU)."""
+    args = [*D12, "--no-compile", "--deterministic", "--max_steps", "6", "--save_every", "3"]
+    whole, _ = train(tmp_path / "whole", shakespeare_dir, *args, "--ds_config", "ds_configs/zero1_bf16.json")
+    step_2 = tmp_path / "whole" / "checkpoints" / "step_00000002"
+    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *args, "--ds_config", "ds_configs/zero2_bf16.json",
+                          "--micro_batch", "4", "--resume", str(step_2))
+    assert f"converted {step_2} to DeepSpeed's universal form" in proc.stdout and "at step 3" in proc.stdout
+    whole_losses = {r["step"]: r["loss"] for r in steps(whole)}
+    difference = max(abs(r["loss"] / whole_losses[r["step"]] - 1) for r in steps(resumed))
+    print(f"largest relative loss difference after the universal resume on the GPU: {difference:.3g}")
+    assert [r["step"] for r in steps(resumed)] == [3, 4, 5] and difference < 1e-3
 
 
 def test_micro_batch_auto_fills_the_gpu(tmp_path, shakespeare_dir):
