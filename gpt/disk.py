@@ -3,6 +3,7 @@ write fails mid-run.
 
 Why free space is measured, not only errno read: DeepSpeed's save and torch.save write through C++ streams,
 whose failure on a full disk arrives as `RuntimeError: basic_ios::clear: iostream error` with no errno."""
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -10,6 +11,21 @@ from pathlib import Path
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 NEARLY_FULL = 1 << 20  # bytes: a failed write that leaves less than this free filled the disk
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yield the temporary path (PATH.tmp) to write path's contents to; renamed over path when the block completes
+    (readers see the old file or the new one, never a part), removed when anything raises (the error goes on).
+    Nested, they commit several files together: each is renamed only once every block is through, innermost first."""
+    tmp = Path(f"{path}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a cleanup that fails too must not hide why the write failed
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def nearest_existing(path):

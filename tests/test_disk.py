@@ -83,3 +83,26 @@ def test_write_problems_are_told_apart(tmp_path):
         f"{path}: not writable (Read-only file system)"
     assert write_problem(path, RuntimeError("basic_ios::clear: iostream error")) is None  # this disk has room
     assert write_problem(path, OSError(errno.ENOENT, "No such file or directory")) is None
+
+
+def test_atomic_write_replaces_only_a_whole_file(tmp_path):
+    """A body that raises leaves the target as it was and no temporary; one that completes replaces it. Nested,
+    nothing is replaced unless every body completes."""
+    from gpt.disk import atomic_write
+    target, other = tmp_path / "a.json", tmp_path / "b.json"
+    target.write_text("old")
+    with pytest.raises(ValueError):
+        with atomic_write(target) as tmp:
+            tmp.write_text("partial")
+            raise ValueError("interrupted")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+    with pytest.raises(ValueError):
+        with atomic_write(target) as tmp, atomic_write(other) as tmp_other:
+            tmp.write_text("new")
+            tmp_other.write_text("partial")
+            raise ValueError("interrupted")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+    with atomic_write(target) as tmp:
+        assert tmp == tmp_path / "a.json.tmp"
+        tmp.write_text("new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
