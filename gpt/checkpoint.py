@@ -28,7 +28,7 @@ import torch
 from gpt import dist
 from gpt.args import directory_problem, out_dir_problem, regular_file_problem
 from gpt.data import data_changes, describe_changes
-from gpt.disk import NEARLY_FULL, nearest_existing, space_problem
+from gpt.disk import NEARLY_FULL, atomic_write, nearest_existing, space_problem
 from gpt.metrics import say
 from gpt.model import GPTConfig, state_dict_mismatch
 
@@ -60,12 +60,6 @@ def checkpoint_dir(out_dir):
 
 def tag_for(step):
     return f"step_{step:08d}"
-
-
-def _write_atomically(path, text):
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def rng_state():
@@ -177,9 +171,12 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
     torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{dist.rank():05d}.pt")
     dist.barrier()  # every rank's files are on disk
     if dist.rank() == 0:
-        _write_atomically(ckpt_dir / tag / RUN_CONFIG, json.dumps(run_config, indent=1))
-        _write_atomically(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "files": file_sizes(ckpt_dir / tag)}))
-        _write_atomically(ckpt_dir / LATEST, tag)
+        with atomic_write(ckpt_dir / tag / RUN_CONFIG) as tmp:
+            tmp.write_text(json.dumps(run_config, indent=1))
+        with atomic_write(ckpt_dir / tag / COMPLETE) as tmp:
+            tmp.write_text(json.dumps({"step": step, "files": file_sizes(ckpt_dir / tag)}))
+        with atomic_write(ckpt_dir / LATEST) as tmp:
+            tmp.write_text(tag)
         prune(ckpt_dir, keep_last, keep_every)
     dist.barrier()
     return ckpt_dir / tag

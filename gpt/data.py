@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gpt.args import regular_file_problem
+from gpt.disk import atomic_write
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -45,15 +46,10 @@ def write_shard(path, tokens):
         raise DataError(f"{path}: token ids must fit in uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
-    tmp = Path(f"{path}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype("<u2").tobytes())
-        os.replace(tmp, path)
-    except OSError:  # a full disk, a directory where the shard goes: leave no partial file behind
-        tmp.unlink(missing_ok=True)
-        raise
+    # A full disk, a directory where the shard goes: no partial file is left behind.
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2").tobytes())
 
 
 def read_shard_header(path):

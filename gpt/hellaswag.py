@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gpt.args import json_line, regular_file_problem
+from gpt.disk import atomic_write
 from gpt.tokenizer import gpt2_tokenizer
 
 OFFICIAL_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -131,13 +132,13 @@ def load(path, cache_dir=None):
         cache = Path(cache_dir or Path.home() / ".cache" / "dsgpt") / "hellaswag_val.jsonl"
         if not cache.exists():
             cache.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                with urllib.request.urlopen(OFFICIAL_VAL_URL, timeout=30) as response:
-                    cache.with_suffix(".tmp").write_bytes(response.read())
-            except OSError as e:
-                raise HellaSwagError(f"cannot download HellaSwag (offline?): {e}; pass a local hellaswag_val.jsonl "
-                                     f"or llm.c's hellaswag_val.bin instead") from None
-            cache.with_suffix(".tmp").rename(cache)
+            with atomic_write(cache) as tmp:
+                try:
+                    with urllib.request.urlopen(OFFICIAL_VAL_URL, timeout=30) as response:
+                        tmp.write_bytes(response.read())
+                except OSError as e:
+                    raise HellaSwagError(f"cannot download HellaSwag (offline?): {e}; pass a local hellaswag_val.jsonl "
+                                         f"or llm.c's hellaswag_val.bin instead") from None
         path = cache
     path = Path(path)
     if not path.is_file():  # a FIFO would block the read: said, not opened

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from gpt.args import Parser, exit_if, json_line, out_dir_problem, range_problems, regular_file_problem
 from gpt.data import HEADER_BYTES, DataError, shard_name, write_shard
-from gpt.disk import os_error_line
+from gpt.disk import atomic_write, os_error_line
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 DEFAULT_CACHE = Path.home() / ".cache" / "dsgpt"
@@ -367,9 +367,8 @@ class ShardWriter:
         self._save()
 
     def _save(self):
-        tmp = self.progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.progress, indent=1))
-        tmp.replace(self.progress_path)
+        with atomic_write(self.progress_path) as tmp:
+            tmp.write_text(json.dumps(self.progress, indent=1))
 
 
 def val_documents_in(corpus, writer, lengths, val_tokens):
