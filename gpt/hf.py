@@ -18,7 +18,7 @@ import torch
 
 from gpt.args import Parser, exit_if, out_dir_problem, regular_file_problem
 from gpt.checkpoint import COMPLETE, complete_tags, read_weights
-from gpt.disk import write_problem
+from gpt.disk import atomic_write, write_problem
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -155,21 +155,20 @@ def export(checkpoint_path, out_dir):
     out_dir = Path(out_dir)
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    temporary = [out_dir / "config.json.tmp", out_dir / "model.safetensors.tmp"]
-    try:  # both whole under temporary names before either replaces anything
-        temporary[0].write_text(json.dumps(hf_config(config), indent=2))
-        save_file(to_hf(state), temporary[1], metadata={"format": "pt"})
-    except Exception as e:  # safetensors' SafetensorError is no OSError: "No space left on device" is in its text
-        problem = write_problem(temporary[1], e) or (
-            f"{temporary[1]}: no space left on the device" if "No space left on device" in str(e)
-            else f"{temporary[1]}: not written ({type(e).__name__}: {str(e)[:200]})")
-        for path in temporary:
-            path.unlink(missing_ok=True)
+    try:  # both whole under temporary names before either replaces anything (model.safetensors, then config.json)
+        with atomic_write(out_dir / "config.json") as config_tmp, atomic_write(out_dir / "model.safetensors") as tmp:
+            try:
+                config_tmp.write_text(json.dumps(hf_config(config), indent=2))
+                save_file(to_hf(state), tmp, metadata={"format": "pt"})
+            except Exception as e:  # safetensors' SafetensorError is no OSError: "No space left on device" in its text
+                problem = write_problem(tmp, e) or (
+                    f"{tmp}: no space left on the device" if "No space left on device" in str(e)
+                    else f"{tmp}: not written ({type(e).__name__}: {str(e)[:200]})")
+                raise InteropError(problem.replace(".tmp:", ":", 1)) from None
+    except InteropError:  # both temporaries are gone: so is the out_dir this export made
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
-        raise InteropError(problem.replace(".tmp:", ":", 1)) from None
-    os.replace(temporary[1], out_dir / "model.safetensors")
-    os.replace(temporary[0], out_dir / "config.json")
+        raise
     return out_dir
 
 
