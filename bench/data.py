@@ -100,7 +100,7 @@ def bench_boundaries(work, micro_batch=8, seq_len=1024, compute_s=0.005):
 # VmHWM, not ru_maxrss: a forked child's ru_maxrss starts from the parent's, and survives exec.
 RSS_CHILD = """
 import sys
-from gpt.prepare import main
+from gpt.commands.prepare import main
 main(sys.argv[1:])
 print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")))
 """

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from gpt.cli import DEVICES, choose_device
+from gpt.commands.models import DEVICES, choose_device
 from gpt.hellaswag import Example, evaluate
 from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 

@@ -6,7 +6,6 @@ bf16 units, TORCH_CUDA_ARCH_LIST in the form DeepSpeed's op builder parses, and 
 import functools
 import os
 import re
-import sys
 
 import torch
 
@@ -91,9 +90,6 @@ def make_deterministic(device_type, environ=os.environ):
     torch.use_deterministic_algorithms(True)
 
 
-if __name__ == "__main__":
-    slowdown = cpu_bf16_slowdown()
-    print(cpu_ds_config())
-    print(f"bf16 matmul {slowdown:.2f}x the time of fp32 on this CPU (measured): "
-          f"{'bf16 units present' if cpu_has_fast_bf16() else 'no bf16 units, bf16 would be emulated'}",
-          file=sys.stderr)
+if __name__ == "__main__":  # the command lives in gpt/commands/hardware.py; importing this module never loads it
+    from gpt.commands.hardware import main
+    main()

@@ -19,20 +19,15 @@ Per GPU it adds up
 and returns the largest micro-batch that fits and the gradient accumulation for --total_batch_tokens.
 """
 import functools
-import json
-import math
-import sys
 from dataclasses import replace
 
 import numpy as np
 import torch
 
 from gpt import ds_config as dsc
-from gpt.args import Parser, exit_if, range_problems
-from gpt.config import GPT3_TOKENS_PER_STEP, TOTAL_BATCH_TOKENS_RANGE, ConfigError, add_model_arguments, model_config
-from gpt.loss import CHUNK_ROWS, LOSSES, memory_kind
-from gpt.memory import (expandable_segments, measure_loss_chunk_bytes, measure_step_bytes,
-                        trainer_uses_expandable_segments)
+from gpt.config import ConfigError
+from gpt.loss import CHUNK_ROWS, memory_kind
+from gpt.memory import expandable_segments, measure_loss_chunk_bytes, measure_step_bytes
 from gpt.model import GPTConfig, param_count
 
 MiB, GiB = 2**20, 2**30
@@ -305,117 +300,8 @@ def format_plan(plan, label):
     return "\n".join(lines)
 
 
-def build_parser():
-    p = Parser(description="Plan per-GPU memory and the largest micro-batch; with --measure, also find it on this GPU.")
-    add_model_arguments(p)
-    p.add_argument("--seq_len", type=int, default=1024)
-    p.add_argument("--ds_config", nargs="+", help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
-    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
-    p.add_argument("--gpu_mem", type=float, help="device memory in GiB as CUDA reports it, for a GPU not in the table; "
-                                                 "with --measure, the memory of the card this GPU stands in for")
-    p.add_argument("--loss", nargs="+", default=["fused"], choices=LOSSES, help="the trainer's --loss (several: each)")
-    p.add_argument("--allocator", choices=sorted(ALLOCATOR_OVERHEAD.keys() - {"cpu"}),
-                   help="CUDA caching allocator setting (default: the trainer's: expandable_segments unless "
-                        "PYTORCH_CUDA_ALLOC_CONF says otherwise)")
-    p.add_argument("--world_size", type=int, help=f"GPUs the run shards ZeRO over (default {DEFAULT_WORLD_SIZE}; "
-                                                  f"--measure: 1, the GPU here)")
-    p.add_argument("--total_batch_tokens", type=int, default=GPT3_TOKENS_PER_STEP)
-    p.add_argument("--measure", action="store_true",
-                   help="train on this machine's GPU to find the largest micro-batch that fits, next to the plan "
-                        "(gpt/measure.py)")
-    p.add_argument("--all", action="store_true",
-                   help="with --measure: every ds_configs/*.json whose precision this GPU has")
-    p.add_argument("--json", action="store_true", help="print JSON: one object per plan (a list for several), or "
-                                                       "--measure's report")
-    return p
 
 
-DEFAULT_DS_CONFIG = "ds_configs/zero1_bf16.json"
-MAX_GPU_MEM_GIB = 1024  # 3.5x the largest GPUs' (288 GB: B300, MI355X)
-DEFAULT_WORLD_SIZE = 8
-
-
-def check_args(args):
-    """Everything gpt-plan can check before planning, one line per problem; returns (problems, model config).
-    Fills the defaults that depend on --measure."""
-    problems = range_problems(args, [("seq_len", 1, True), ("world_size", 1, True), TOTAL_BATCH_TOKENS_RANGE,
-                                     ("gpu_mem", 0, False), ("n_layer", 1, True), ("n_embd", 1, True),
-                                     ("n_head", 1, True)])
-    if args.gpu_mem is not None and MAX_GPU_MEM_GIB < args.gpu_mem < math.inf:  # 1e308 GiB: inf bytes, planned
-        problems.append(f"--gpu_mem {args.gpu_mem:g} GiB is beyond any GPU: at most {MAX_GPU_MEM_GIB} GiB")
-    if args.measure:
-        if args.gpu:
-            problems.append("--measure measures the GPU it runs on: drop --gpu (--gpu_mem GiB stands in for a "
-                            "smaller card)")
-        if args.world_size not in (None, 1):
-            problems.append(f"--measure runs one rank on this GPU: --world_size {args.world_size} cannot be measured "
-                            f"here (plan it without --measure)")
-        args.world_size = 1
-    else:
-        if args.all:
-            problems.append("--all applies to --measure (the GPU it runs on decides which precisions)")
-        if (args.gpu is None) == (args.gpu_mem is None):
-            problems.append("give --gpu (one of " + ", ".join(sorted(GPUS)) + ") or --gpu_mem GiB" +
-                            (", not both" if args.gpu else ""))
-        args.world_size = args.world_size or DEFAULT_WORLD_SIZE
-    if args.all and args.ds_config:
-        problems.append("give --ds_config or --all, not both")
-    args.ds_config = args.ds_config or ([] if args.all else [DEFAULT_DS_CONFIG])
-    if problems:  # the checks below assume sane numbers
-        return problems, None
-    config = model_config(args.model, args.n_layer, args.n_embd, args.n_head)
-    if config.n_embd % config.n_head:
-        problems.append(f"n_embd {config.n_embd} is not divisible by n_head {config.n_head}")
-    if args.seq_len > config.block_size:
-        problems.append(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size} ({args.model})")
-    per_micro_batch = args.seq_len * args.world_size  # tokens of one sequence per rank
-    if args.total_batch_tokens % per_micro_batch:
-        problems.append(f"--total_batch_tokens {args.total_batch_tokens} is not divisible by seq_len x world = "
-                        f"{args.seq_len} x {args.world_size} = {per_micro_batch}, so by no micro_batch x seq_len x world")
-    for path in args.ds_config:
-        try:
-            dsc.load_checked(path)
-        except dsc.DeepSpeedConfigError as e:
-            problems.append(str(e))
-    return problems, config
-
-
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    problems, config = check_args(args)
-    exit_if(problems)
-    if args.measure:
-        return measure_main(args, config)
-    allocator = args.allocator or ("expandable_segments" if trainer_uses_expandable_segments() else "default")
-    device_bytes = args.gpu_mem * GiB if args.gpu_mem is not None else GPUS[args.gpu]
-    try:
-        plans = [make_plan(config, args.seq_len, dsc.load_checked(path), args.world_size, device_bytes,
-                           args.total_batch_tokens, loss, allocator) for path in args.ds_config for loss in args.loss]
-    except PlanError as e:
-        sys.exit(f"error: {e}")
-    if args.json:
-        print(json.dumps(plans[0] if len(plans) == 1 else plans))
-    else:
-        gpu = args.gpu or f"{args.gpu_mem:g} GiB"
-        print("\n\n".join(format_plan(plan, f"{args.model} on {gpu}" + (f", {path}" if len(plans) > 1 else ""))
-                           for plan, path in zip(plans, [p for p in args.ds_config for _ in args.loss])))
-
-
-def measure_main(args, config):
-    """gpt-plan --measure: the plan and the GPU's answer per config and loss (gpt/measure.py)."""
-    from gpt import measure
-
-    def plan_for(ds_config, loss, allocator, device_bytes):
-        try:
-            return make_plan(config, args.seq_len, ds_config, 1, device_bytes, args.total_batch_tokens, loss,
-                             allocator)
-        except PlanError:  # not even micro-batch 1 planned to fit: the search starts at 1
-            return None
-
-    with measure.stdout_to_stderr():  # DeepSpeed's and NCCL's logs: stdout is the report's
-        report = measure.run(args, config, plan_for)
-    print(json.dumps(report) if args.json else measure.format_report(report))
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the command lives in gpt/commands/plan.py; importing this module never loads it
+    from gpt.commands.plan import main
     main()

@@ -49,7 +49,7 @@ NO_BF16_UNITS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory):
-    from gpt.prepare import main as prepare_main
+    from gpt.commands.prepare import main as prepare_main
 
     out = tmp_path_factory.mktemp("shakespeare")
     prepare_main(["shakespeare", "--out_dir", str(out)])  # in this process: the command line is test_prepare's

@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from gpt import cli, hf, plan, prepare
+from gpt.commands import plan, prepare
+from gpt.commands.eval import main as evaluate_main
+from gpt.commands.export import main as export_main
+from gpt.commands.sample import main as sample_main
 from gpt.data import write_shard
 
-SCRIPTS = {"gpt-prepare": prepare.main, "gpt-plan": plan.main, "gpt-eval": cli.evaluate_main,
-           "gpt-sample": cli.sample_main, "gpt-export": hf.main}
+SCRIPTS = {"gpt-prepare": prepare.main, "gpt-plan": plan.main, "gpt-eval": evaluate_main,
+           "gpt-sample": sample_main, "gpt-export": export_main}
 HELLASWAG = {"ctx": "A man sits down.", "endings": ["He eats.", "He runs.", "He sings.", "He sleeps."], "label": 1}
 HF_CONFIG = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 256, "vocab_size": 50257}
 
@@ -450,16 +453,16 @@ def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, bad_files
     """An empty prompt starts a new document from <|endoftext|> (GPT-2's unconditional samples); gpt-eval's
     --val_tokens beyond the val split takes all of it, and says how much; an export over an earlier one
     replaces it with --overwrite."""
-    cli.sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "", "--max_new_tokens", "4"])
+    sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "", "--max_new_tokens", "4"])
     out = capsys.readouterr().out
     assert "--- sample 0\n" in out and "<|endoftext|>" not in out.split("--- sample 0")[1]
-    cli.evaluate_main(["--checkpoint", str(trained_checkpoint), "--data", str(bad_files / "short_val"), "--seq_len",
+    evaluate_main(["--checkpoint", str(trained_checkpoint), "--data", str(bad_files / "short_val"), "--seq_len",
                        "32", "--val_tokens", str(10**30), "--json"])  # all of its 100 tokens: 3 sequences of 32 + 1
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["val_tokens"] == 96
     exported = tmp_path / "hf"
-    hf.main([str(trained_checkpoint), "--out_dir", str(exported)])
+    export_main([str(trained_checkpoint), "--out_dir", str(exported)])
     first = (exported / "model.safetensors").stat().st_mtime_ns
-    hf.main([str(trained_checkpoint), "--out_dir", str(exported), "--overwrite"])
+    export_main([str(trained_checkpoint), "--out_dir", str(exported), "--overwrite"])
     assert (exported / "model.safetensors").stat().st_mtime_ns > first and not list(exported.glob("*.tmp"))
 
 
@@ -473,7 +476,7 @@ def test_gpt_export_onto_a_full_disk_is_one_line_and_leaves_nothing(trained_chec
         raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
     monkeypatch.setattr(safetensors.torch, "save_file", full)
     with pytest.raises(SystemExit) as exit_info:
-        hf.main([str(trained_checkpoint), "--out_dir", str(tmp_path / "hf")])
+        export_main([str(trained_checkpoint), "--out_dir", str(tmp_path / "hf")])
     assert exit_info.value.code == f"error: {tmp_path / 'hf' / 'model.safetensors'}: no space left on the device"
     assert not (tmp_path / "hf").exists()
 
@@ -484,9 +487,9 @@ def test_gpt_export_auto_is_a_path(trained_checkpoint, tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     (tmp_path / "auto").mkdir()
     with pytest.raises(SystemExit) as exit_info:
-        hf.main(["auto", "--out_dir", "hf"])
+        export_main(["auto", "--out_dir", "hf"])
     assert exit_info.value.code == "error: auto: no complete checkpoint found" and not (tmp_path / "hf").exists()
     (tmp_path / "auto").rmdir()
     shutil.copytree(trained_checkpoint, tmp_path / "auto")
-    hf.main(["auto", "--out_dir", "hf"])
+    export_main(["auto", "--out_dir", "hf"])
     assert capsys.readouterr().out.startswith("exported auto -> hf") and (tmp_path / "hf" / "config.json").is_file()

@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from conftest import REPO, plain_shell_env
-from gpt import cli, hellaswag
+from gpt import hellaswag
+from gpt.commands import models
+from gpt.commands.eval import main as evaluate_main
+from gpt.commands.sample import main as sample_main
 from gpt.data import ValidationSet, find_shards
 from gpt.evaluate import validation_loss
 
@@ -24,7 +27,7 @@ CPU = torch.device("cpu")
     ("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("cuda", True, "cuda")])
 def test_device_choice(monkeypatch, name, cuda_available, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
-    assert cli.choose_device(name) == torch.device(expected)
+    assert models.choose_device(name) == torch.device(expected)
 
 
 @pytest.mark.parametrize("device, bf16_units, expected", [
@@ -34,7 +37,7 @@ def test_precision_choice(monkeypatch, device, bf16_units, expected):
                         lambda including_emulation=True: bf16_units or including_emulation)
     with warnings.catch_warnings():  # building a CUDA autocast without CUDA warns (and disables it)
         warnings.simplefilter("ignore")
-        precision, context = cli.evaluation_precision(torch.device(device))
+        precision, context = models.evaluation_precision(torch.device(device))
     assert precision == expected
     if expected == "bf16":
         assert isinstance(context, torch.autocast) and context.fast_dtype == torch.bfloat16
@@ -49,11 +52,11 @@ def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_ch
             "--val_tokens", "2048", "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"]
     runs = []
     for device in ([], ["--device", "auto"], ["--device", "cpu"]):
-        cli.evaluate_main(args + device)
+        evaluate_main(args + device)
         result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         runs.append({k: v for k, v in result.items() if not k.endswith("_per_s")})  # timings vary
     # the reference: the model in fp32 on the CPU, scored as gpt-eval scored it before --device
-    config, load_model = cli.model_source(argparse.Namespace(checkpoint=str(trained_checkpoint), hf=None))
+    config, load_model = models.model_source(argparse.Namespace(checkpoint=str(trained_checkpoint), hf=None))
     model = load_model(CPU)
     scores = hellaswag.evaluate(model, hellaswag.load(hellaswag_files / "hellaswag_val.jsonl"), CPU,
                                 config.block_size)
@@ -68,7 +71,7 @@ def test_gpt_sample_auto_is_cpu_without_cuda(trained_checkpoint, monkeypatch, ca
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     outputs = []
     for device in ("auto", "cpu"):
-        cli.sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "To be", "--max_new_tokens", "8",
+        sample_main(["--checkpoint", str(trained_checkpoint), "--prompt", "To be", "--max_new_tokens", "8",
                          "--device", device])
         outputs.append(capsys.readouterr())
     assert outputs[0].out == outputs[1].out and "--- sample 0\nTo be" in outputs[0].out

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, TINY, succeeded, train, two_rank_run, write_ds_config
-from gpt import cli, hellaswag
+from gpt import hellaswag
+from gpt.commands.eval import main as evaluate_main
 from gpt.model import GPT, PRESETS
 
 
@@ -117,7 +118,7 @@ def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag
     that must sample the same text."""
     train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
     checkpoint = str(tmp_path / "run" / "checkpoints")
-    cli.evaluate_main(["--checkpoint", checkpoint, "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens",
+    evaluate_main(["--checkpoint", checkpoint, "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens",
                        "2048", "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"])
     results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 9 < results["val_loss"] < 11 and results["hellaswag_examples"] == 10

@@ -1,5 +1,6 @@
 """gpt/ has no import cycles: every `gpt` import, also those inside functions, forms an acyclic graph,
-and each module imports on its own, with no other gpt module loaded before it."""
+and each module imports on its own, with no other gpt module loaded before it. The console tools (gpt/commands/)
+import the library (gpt/*.py), never the reverse."""
 import ast
 import os
 import subprocess
@@ -9,19 +10,29 @@ import pytest
 
 from conftest import REPO
 
-MODULES = sorted(path.stem for path in (REPO / "gpt").glob("*.py") if path.stem != "__init__")
+LIBRARY = sorted(path.stem for path in (REPO / "gpt").glob("*.py") if path.stem != "__init__")
+COMMANDS = sorted(f"commands.{path.stem}" for path in (REPO / "gpt" / "commands").glob("*.py") if path.stem != "__init__")
+MODULES = LIBRARY + COMMANDS
+
+
+def script_block(node):
+    """`if __name__ == "__main__":`, which runs only for `python -m gpt.X`, never when the module is imported."""
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
 
 
 def gpt_imports(module):
-    """The gpt modules `module` imports anywhere in its source."""
-    found = set()
-    for node in ast.walk(ast.parse((REPO / "gpt" / f"{module}.py").read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "gpt":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpt."):
-            found.add(node.module.split(".")[1])
+    """The gpt modules `module` imports anywhere in its source but its script block."""
+    found, nodes = set(), [ast.parse((REPO / "gpt" / f"{module.replace('.', '/')}.py").read_text())]
+    while nodes:
+        node = nodes.pop()
+        if script_block(node):
+            continue
+        nodes.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.ImportFrom) and (node.module == "gpt" or (node.module or "").startswith("gpt.")):
+            package = node.module.removeprefix("gpt").removeprefix(".")  # "", "plan", "commands.models"
+            found |= {package} | {f"{package}.{alias.name}".lstrip(".") for alias in node.names}
         elif isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("gpt.")}
+            found |= {alias.name.removeprefix("gpt.") for alias in node.names if alias.name.startswith("gpt.")}
     return found & set(MODULES)
 
 
@@ -39,6 +50,14 @@ def test_the_gpt_import_graph_has_no_cycle():
             state[module] = "done"
     for module in MODULES:
         visit(module, [])
+
+
+
+def test_no_library_module_imports_a_command():
+    """gpt/commands/ imports the library, never the reverse; a library module's script block may hand
+    `python -m gpt.X` over to its command."""
+    assert {module: sorted(gpt_imports(module) & set(COMMANDS)) for module in LIBRARY
+            if gpt_imports(module) & set(COMMANDS)} == {}
 
 
 # One fresh interpreter imports torch and DeepSpeed, then forks a child per gpt module: each child starts with

@@ -152,7 +152,7 @@ def test_plan_fits_and_reaches_the_token_budget():
 def gpt_plan(capsys, *args):
     """gpt-plan in this process, where the activation fits are cached across tests: (exit code, stdout,
     stderr as the console would show them)."""
-    from gpt.plan import main
+    from gpt.commands.plan import main
     code, message = 0, ""
     try:
         main(list(args))

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO
+from gpt.commands.prepare import main
 from gpt.data import find_shards, load_shard
-from gpt.prepare import Corpus, main, prepare
+from gpt.prepare import Corpus, prepare
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 DOCUMENTS = [f"Document {i}: " + "word " * (i % 37) + "end." for i in range(300)]

@@ -128,8 +128,9 @@ def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakes
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["files", "hub", "npy"])
 def test_training_runs_on_shards_from_each_source(tmp_path, shakespeare_dir, source):
+    from gpt.commands.prepare import main as prepare_main
     from gpt.data import find_shards, load_shard
-    from gpt.prepare import main as prepare_main, shakespeare_documents
+    from gpt.prepare import shakespeare_documents
 
     data = tmp_path / "data"
     if source == "npy":  # build-nanogpt's format: headerless uint16 .npy shards

@@ -15,8 +15,11 @@ import torch
 
 from conftest import (HALF, TINY, join_single_rank_group, out_dir_of, succeeded, train, two_rank_run,
                       write_ds_config)
-from gpt import checkpoint, cli, hf, universal
+from gpt import checkpoint, universal
 from gpt import engine as ds_engine
+from gpt.commands.eval import main as evaluate_main
+from gpt.commands.export import main as export_main
+from gpt.commands.sample import main as sample_main
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
 
@@ -285,7 +288,7 @@ def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(t
 
     exports = {}
     for name, source in (("step", step_dir), ("universal", path), ("moved", moved)):
-        hf.main([str(source), "--out_dir", str(tmp_path / f"hf_{name}")])
+        export_main([str(source), "--out_dir", str(tmp_path / f"hf_{name}")])
         exports[name] = [(tmp_path / f"hf_{name}" / file).read_bytes() for file in ("config.json", "model.safetensors")]
     assert exports["universal"] == exports["step"] == exports["moved"]
 
@@ -294,11 +297,11 @@ def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(t
         return capsys.readouterr().out
 
     evaluations = {name: {k: v for k, v in json.loads(script_output(
-        cli.evaluate_main, source, "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "1024", "--batch",
+        evaluate_main, source, "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "1024", "--batch",
         "4", "--json").splitlines()[-1]).items() if not k.endswith("_per_s")} for name, source in (
         ("step", step_dir), ("universal", path))}
     assert evaluations["universal"] == evaluations["step"] and "val_loss" in evaluations["step"]
-    samples = {name: script_output(cli.sample_main, source, "--max_new_tokens", "8", "--num_samples", "2")
+    samples = {name: script_output(sample_main, source, "--max_new_tokens", "8", "--num_samples", "2")
                for name, source in (("step", step_dir), ("universal", path), ("moved", moved))}
     assert samples["universal"] == samples["step"] == samples["moved"] and samples["step"].count("--- sample") == 2
 
@@ -306,7 +309,7 @@ def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(t
     del state["run_config"]  # as in a checkpoint saved before it was recorded
     torch.save(state, moved / checkpoint.MODEL_STATES)
     with pytest.raises(SystemExit) as exit_info:
-        cli.sample_main(["--checkpoint", str(moved)])
+        sample_main(["--checkpoint", str(moved)])
     assert exit_info.value.code == (
         f"error: {moved}: a universal checkpoint whose model shape is unknown: no run_config.json beside it in "
         f"{tmp_path}, and its mp_rank_00_model_states.pt records none (saved before checkpoints did): copy the "

@@ -1,0 +1,48 @@
+"""gpt-export: a dsgpt checkpoint as a Hugging Face GPT-2 directory (gpt/hf.py's export).
+
+    gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.hf ...
+
+An --out_dir that already holds a model's files is refused unless --overwrite is given.
+"""
+import os
+import sys
+from pathlib import Path
+
+from gpt.args import Parser, exit_if, out_dir_problem, regular_file_problem
+from gpt.checkpoint import COMPLETE, complete_tags
+from gpt.hf import MODEL_FILES, export
+
+
+def check_args(args):
+    """The checkpoint exists; --out_dir can be written and holds neither checkpoints nor (without --overwrite)
+    another model's files."""
+    out = Path(args.out_dir)
+    if not Path(args.checkpoint).exists():
+        return [f"{args.checkpoint}: checkpoint not found"]
+    problem = out_dir_problem("--out_dir", args.out_dir)
+    if problem or not out.is_dir():
+        return [problem]
+    if (out / COMPLETE).exists() or complete_tags(out):
+        return [f"--out_dir {out} holds dsgpt checkpoints: export into a directory of its own"]
+    in_the_way = [regular_file_problem(out / name) for name in MODEL_FILES if os.path.lexists(out / name)]
+    if any(in_the_way):  # --overwrite could not replace them
+        return [f"{next(p for p in in_the_way if p)}: --overwrite could not replace it"]
+    held = [name for name in MODEL_FILES if (out / name).exists()]
+    if held and not args.overwrite:
+        return [f"--out_dir {out} already holds {', '.join(held)}: give --overwrite to replace them, or another --out_dir"]
+    return []
+
+
+def main(argv=None):
+    parser = Parser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
+    parser.add_argument("checkpoint", help="a checkpoint directory (or its checkpoints/ parent: the newest)")
+    parser.add_argument("--out_dir", required=True)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the config.json and model.safetensors --out_dir already holds")
+    args = parser.parse_args(argv)
+    exit_if(check_args(args))
+    try:
+        out = export(args.checkpoint, args.out_dir)
+    except (ValueError, OSError) as e:  # InteropError, CheckpointError; a full disk
+        sys.exit(f"error: {e}")
+    print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")
