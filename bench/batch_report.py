@@ -2,7 +2,7 @@
 80 GB A800/H800, ZeRO-1/2, activation checkpointing off/on, the classic and the fused loss, seq_len 1024,
 8 GPUs, 524288 tokens/step, the trainer's allocator setting (expandable segments).
 
-    python bench/batch_report.py --chart docs/batch_growth.png      # prints the README's markdown table
+    python bench/batch_report.py --chart docs/batch_growth.png      # prints docs/memory.md's markdown table
                                                                     # and issue 13's targets for d12
 
 Planned, not measured: model states are DeepSpeed 0.19's (tests/test_plan.py), a step's activations and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance run: every CUDA path of the project and the figures README quotes, measured on the one
+# The GPU acceptance run: every CUDA path of the project and the figures README and docs/ quote, measured on the one
 # CUDA GPU of this machine in one command (planned: under 9 minutes on an H100). Writes REPORT_DIR:
 #   env.txt           GPU, driver, torch, DeepSpeed, date
 #   pytest.txt        python -m pytest -m gpu tests (tests/test_gpu.py and the bench's CUDA smoke test)
@@ -11,7 +11,7 @@
 #                     the cost of --deterministic. (Which kernel --loss fused should mean is a run of its own,
 #                     with compiling for each kernel and size: python bench/train.py --only loss.)
 #   eval.txt          gpt-eval on the GPU (validation loss of a short d12 run) and HellaSwag examples/s
-#   summary.md        all of it, for README and the session note
+#   summary.md        all of it, for README, docs/ and the session note
 # usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, every part: pytest measure bench eval)
 # Every step runs under its own time limit, cut to what is left of BUDGET seconds (default 540: the whole run
 # ends within 9 minutes, and a step left without time is reported skipped); the others go on if one fails; the
