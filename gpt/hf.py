@@ -10,7 +10,6 @@ and our embedding is padded from 50257 to 50304 rows (the padding is dropped on 
 """
 import functools
 import json
-import os
 from pathlib import Path
 
 import torch
