@@ -9,6 +9,7 @@ from conftest import REPO
 from gpt import checkpoint
 from gpt import ds_config as dsc
 from gpt import plan
+from gpt.commands import plan as plan_command
 from gpt.config import parse, resolve_defaults, validate
 from gpt.trainer import run_config_of
 
@@ -69,7 +70,7 @@ def test_the_bfloat16_alias_is_bf16_for_the_run_config_the_checkpoint_check_and_
     assert run_config["precision"] == "bf16"
     bf16_run = run_config_of(settings, {**FP32, "bf16": {"enabled": True}}, model_config, 1)
     checkpoint.check_compatible(tmp_path, bf16_run, run_config)  # a bf16 checkpoint resumes under the alias
-    plan.main(["--model", "tiny", "--seq_len", "64", "--ds_config", str(path), "--gpu", "h100-80gb", "--json"])
+    plan_command.main(["--model", "tiny", "--seq_len", "64", "--ds_config", str(path), "--gpu", "h100-80gb", "--json"])
     assert json.loads(capsys.readouterr().out)["precision"] == "bf16"
 
 
