@@ -265,10 +265,9 @@ class ShuffledTokenLoader:
     def shard_order(self, epoch):
         return self._rng(epoch).permutation(len(self.shards))
 
-    def _epoch_plan(self, epoch, batches_per_shard=None):
+    def _epoch_plan(self, epoch):
         """[(shard index, batches)] in this epoch's order, skipping shards too small for one batch."""
-        batches_per_shard = batches_per_shard or self.batches_per_shard
-        return [(int(s), batches_per_shard[s]) for s in self.shard_order(epoch) if batches_per_shard[s]]
+        return [(int(s), self.batches_per_shard[s]) for s in self.shard_order(epoch) if self.batches_per_shard[s]]
 
     def _batches(self, epoch, batch):
         """Yield (epoch, batch, micro-step, x, y) from the start of global batch (epoch, batch) on, forever."""
