@@ -12,11 +12,12 @@ loss buffers come from a fit of peaks measured on CPU, the allocator's overhead 
 import argparse
 from pathlib import Path
 
+from gpt.console import BadInput
 from gpt.ds_config import load as load_ds_config
-from gpt.config import GPT3_TOKENS_PER_STEP
 from gpt.loss import LOSSES
 from gpt.model import PRESETS
-from gpt.plan import GPUS, GiB, PlanError, make_plan, per_token_bytes
+from gpt.plan import GPUS, GiB, make_plan, per_token_bytes
+from gpt.settings import GPT3_TOKENS_PER_STEP
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = [("d12", "124M"), ("d24", "350M"), ("d36", "774M"), ("d48", "1.5B")]
@@ -37,7 +38,7 @@ def rows(world_size=8, seq_len=1024, total_batch_tokens=GPT3_TOKENS_PER_STEP):
                                              world_size, GPUS[gpu], total_batch_tokens, loss)
                             row[loss] = dict(max_micro_batch=plan["max_micro_batch"], micro_batch=plan["micro_batch"],
                                              grad_accum=plan["grad_accum"])
-                        except PlanError:
+                        except BadInput:
                             row[loss] = dict(max_micro_batch=None, micro_batch=None, grad_accum=None)
                     yield row
 

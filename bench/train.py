@@ -53,12 +53,12 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 import gpt.trainer
-from gpt.config import parse
+from gpt.commands.train import parse
 
 REPO = Path(__file__).resolve().parents[1]
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard
 from gpt.dist import device_type, free_port, return_freed_memory, timed_on_device
-from gpt.optim import param_groups
+from gpt.optim import OptimizerSettings, param_groups
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
 from gpt.metrics import measure_cpu_peak_flops, peak_flops
 from gpt.model import GPT, GPT2_VOCAB_SIZE
@@ -223,7 +223,7 @@ class PlainPyTorch:
         self.forward = torch.compile(self.model) if compile else self.model
         self.optimizer = torch.optim.AdamW(param_groups(self.model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95),
                                            eps=1e-8, fused=True)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, settings.optimizer.lr_factor)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, OptimizerSettings.of(settings).lr_factor)
         self.loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
                                           seed=settings.seed, windows_per_batch=settings.total_batch_tokens // settings.seq_len,
                                           pin_memory=DEVICE == "cuda")

@@ -7,8 +7,11 @@ import json
 import math
 import os
 import stat
-import sys
+from dataclasses import fields
 from pathlib import Path
+
+from gpt.console import exit_with
+from gpt.settings import current_default
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,9 +23,25 @@ class Parser(argparse.ArgumentParser):
         self.error_status = error_status
 
     def error(self, message):
-        if os.environ.get("RANK", "0") == "0":  # the launcher's rank: no process group exists yet
-            print(f"error: {message}", file=sys.stderr)
-        sys.exit(self.error_status)
+        exit_with(message, self.error_status)
+
+
+def add_setting_arguments(parser, settings_class, names=None, choices=None):
+    """A flag per field of a settings dataclass (gpt/settings.py), or of the fields named: --<name> with the field's
+    default, help and argparse options; a bool defaulting to False is a switch. choices: name -> allowed values."""
+    for f in fields(settings_class):
+        if names is not None and f.name not in names:
+            continue
+        options = dict(f.metadata["argparse"])
+        if f.metadata["help"] is not None:
+            options["help"] = f.metadata["help"]
+        if f.name in (choices or {}):
+            options["choices"] = choices[f.name]
+        if f.default is False and "action" not in options:
+            options["action"] = "store_true"
+        elif not ({"action", "type"} & options.keys()) and f.default is not None and not isinstance(f.default, str):
+            options["type"] = type(f.default)
+        parser.add_argument(f"--{f.name}", default=current_default(f), **options)
 
 
 def range_problems(args, ranges):
@@ -119,13 +138,6 @@ def directory_problem(path):
     mode = os.stat(path).st_mode
     return f"{path}: " + ("a file" if stat.S_ISREG(mode) else next(
         (kind for test, kind in NOT_REGULAR if test(mode)), "a special file")) + ", not a directory"
-
-
-def exit_if(problems):
-    """Exit with status 1 and one `error:` line per problem, if there are any."""
-    problems = [p for p in problems if p]
-    if problems:
-        sys.exit("\n".join(f"error: {p}" for p in problems))
 
 
 def json_line(line, where, error):

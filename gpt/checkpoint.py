@@ -27,9 +27,9 @@ import torch
 
 from gpt import dist
 from gpt.args import directory_problem, out_dir_problem, regular_file_problem
+from gpt.console import BadInput, warn
 from gpt.data import data_changes, describe_changes
 from gpt.disk import NEARLY_FULL, atomic_write, nearest_existing, space_problem
-from gpt.metrics import say
 from gpt.model import GPTConfig, state_dict_mismatch
 
 CHECKPOINTS = "checkpoints"
@@ -49,9 +49,6 @@ ZERO = "zero"  # DeepSpeed's directory of per-parameter states in a universal ch
 # Settings a checkpoint's weights and optimizer states only fit with; everything else may change on resume.
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from, with the reason."""
 
 
 def checkpoint_dir(out_dir):
@@ -74,12 +71,6 @@ def set_rng_state(state):
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     get_accelerator().set_rng_state(state["accelerator"])
-
-
-def warn(line):
-    """A warning on stderr, once (rank 0) however many ranks read the same checkpoints."""
-    if dist.launched_rank() == 0:
-        say(f"warning: {line}", sys.stderr)
 
 
 def file_sizes(path):
@@ -207,7 +198,7 @@ def newest_intact(ckpt_dir):
         if tag != tags[0]:  # the oldest has none before it: the error below says so
             warn(f"{Path(ckpt_dir) / tag}: damaged checkpoint ({problem}); falling back to the one before it")
     if tags:
-        raise CheckpointError(f"{ckpt_dir}: every complete checkpoint is damaged (the oldest, {tags[0]}: {problem})")
+        raise BadInput(f"{ckpt_dir}: every complete checkpoint is damaged (the oldest, {tags[0]}: {problem})")
     return None
 
 
@@ -221,23 +212,23 @@ def find_checkpoint(resume, out_dir):
     if is_universal(path):  # STEP/universal, or one made with `python -m deepspeed.checkpoint.ds_to_universal`
         if out_dir is not None:
             step = path.parent if (path.parent / COMPLETE).exists() else None
-            raise CheckpointError(f"{path}: a universal checkpoint: --resume takes "
-                                  + (f"the checkpoint it was made from, {step}" if step else
-                                     "one of this trainer's checkpoints (a step_NNNNNNNN directory)"))
+            raise BadInput(f"{path}: a universal checkpoint: --resume takes "
+                           + (f"the checkpoint it was made from, {step}" if step else
+                              "one of this trainer's checkpoints (a step_NNNNNNNN directory)"))
         return path  # the console scripts read its weights (read_weights)
     if (path / COMPLETE).exists():
         problem = damage(path)
         if problem:
-            raise CheckpointError(f"{path}: damaged checkpoint ({problem}); give its parent directory to take "
-                                  f"the newest intact one")
+            raise BadInput(f"{path}: damaged checkpoint ({problem}); give its parent directory to take "
+                           f"the newest intact one")
         return path
     for parent in (path, path / CHECKPOINTS):
         found = newest_intact(parent)
         if found:
             return found
     if path.is_dir() and TAG_PATTERN.match(path.name):
-        raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE}: the save was interrupted)")
-    raise CheckpointError(f"{path}: {'no complete checkpoint found' if path.exists() else 'not found'}")
+        raise BadInput(f"{path}: incomplete checkpoint (no {COMPLETE}: the save was interrupted)")
+    raise BadInput(f"{path}: {'no complete checkpoint found' if path.exists() else 'not found'}")
 
 
 def check_resume_target(resume_from, out_dir):
@@ -250,8 +241,8 @@ def check_resume_target(resume_from, out_dir):
         return check_fresh_out_dir(out_dir)
     later = [t for t in complete_tags(ckpt_dir) if t > Path(resume_from).name and not damage(ckpt_dir / t)]
     if later:
-        raise CheckpointError(f"--resume {resume_from}: {ckpt_dir} holds later checkpoints (up to {later[-1]}) "
-                              f"that this run would overwrite: resume it into another --out_dir")
+        raise BadInput(f"--resume {resume_from}: {ckpt_dir} holds later checkpoints (up to {later[-1]}) "
+                       f"that this run would overwrite: resume it into another --out_dir")
 
 
 def saved_step(path):
@@ -263,9 +254,9 @@ def check_steps_left(resume_from, max_steps):
     """A resume with nothing left to train would print 'resumed', train nothing and exit 0."""
     step = saved_step(resume_from)
     if max_steps <= step + 1:
-        raise CheckpointError(f"--max_steps {max_steps}: nothing left to train: {resume_from} was saved after step "
-                              f"{step}, and --max_steps {max_steps} ends after step {max_steps - 1}; raise --max_steps "
-                              f"to train on")
+        raise BadInput(f"--max_steps {max_steps}: nothing left to train: {resume_from} was saved after step "
+                       f"{step}, and --max_steps {max_steps} ends after step {max_steps - 1}; raise --max_steps "
+                       f"to train on")
 
 
 def set_aside_damaged(ckpt_dir):
@@ -312,23 +303,23 @@ def check_writable(out_dir, data_dir=None):
     its files into them)."""
     problem = out_dir_problem("--out_dir", out_dir)
     if problem:
-        raise CheckpointError(problem)
+        raise BadInput(problem)
     if data_dir and os.path.isdir(out_dir) and os.path.isdir(data_dir) and os.path.samefile(out_dir, data_dir):
-        raise CheckpointError(f"--out_dir {out_dir} is the --data directory: the run's checkpoints, metrics and lock "
-                              f"file would land among its shards; use another --out_dir")
+        raise BadInput(f"--out_dir {out_dir} is the --data directory: the run's checkpoints, metrics and lock "
+                       f"file would land among its shards; use another --out_dir")
     problems = run_path_problems(out_dir)
     if problems:
-        raise CheckpointError("\n".join(problems))
+        raise BadInput("\n".join(problems))
     out_dir = Path(out_dir)
     if (out_dir / COMPLETE).exists() or (out_dir / RUN_CONFIG).exists():
-        raise CheckpointError(f"--out_dir {out_dir} is a checkpoint of the run in {out_dir.parent.parent}: to "
-                              f"continue that run, use --out_dir {out_dir.parent.parent} --resume auto")
+        raise BadInput(f"--out_dir {out_dir} is a checkpoint of the run in {out_dir.parent.parent}: to "
+                       f"continue that run, use --out_dir {out_dir.parent.parent} --resume auto")
     if (out_dir / LATEST).is_file() or any(TAG_PATTERN.match(p.name) for p in out_dir.glob("step_*")):
-        raise CheckpointError(f"--out_dir {out_dir} is the checkpoints directory of the run in {out_dir.parent}: to "
-                              f"continue that run, use --out_dir {out_dir.parent} --resume auto")
+        raise BadInput(f"--out_dir {out_dir} is the checkpoints directory of the run in {out_dir.parent}: to "
+                       f"continue that run, use --out_dir {out_dir.parent} --resume auto")
     ckpt_dir = nearest_existing(checkpoint_dir(out_dir))
     if ckpt_dir.is_dir() and not os.access(ckpt_dir, os.W_OK | os.X_OK):
-        raise CheckpointError(f"--out_dir {out_dir}: {ckpt_dir} is not writable")
+        raise BadInput(f"--out_dir {out_dir}: {ckpt_dir} is not writable")
 
 
 def check_space(out_dir, resume_from):
@@ -340,7 +331,7 @@ def check_space(out_dir, resume_from):
         needed, what = NEARLY_FULL, "a run"
     problem = space_problem("--out_dir", out_dir, needed, what)
     if problem:
-        raise CheckpointError(problem)
+        raise BadInput(problem)
 
 
 def check_fresh_out_dir(out_dir):
@@ -348,14 +339,14 @@ def check_fresh_out_dir(out_dir):
     overwritten step by step (and `latest` moved) and metrics.jsonl would mix the two runs."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise CheckpointError(f"--out_dir {out_dir} is a file, not a directory")
+        raise BadInput(f"--out_dir {out_dir} is a file, not a directory")
     steps = sorted(p.name for p in checkpoint_dir(out_dir).glob("step_*")) if checkpoint_dir(out_dir).is_dir() else []
     metrics = out_dir / "metrics.jsonl"
     held = ([f"checkpoints up to {steps[-1]}"] if steps else []) + (
         ["metrics.jsonl"] if metrics.is_file() and metrics.stat().st_size else [])
     if held:
-        raise CheckpointError(f"--out_dir {out_dir} holds an earlier run ({' and '.join(held)}): continue it with "
-                              f"--resume auto, or start afresh with another --out_dir")
+        raise BadInput(f"--out_dir {out_dir} holds an earlier run ({' and '.join(held)}): continue it with "
+                       f"--resume auto, or start afresh with another --out_dir")
 
 
 # run_config.json's keys read by the trainer's resume and the console scripts, and what each must hold
@@ -394,7 +385,7 @@ def run_config_problems(run):
 
 
 def read_run_config(path):
-    """A checkpoint's run_config.json, checked to be as save() wrote it: CheckpointError naming the file and
+    """A checkpoint's run_config.json, checked to be as save() wrote it: BadInput naming the file and
     the key otherwise (an edited or foreign file used to raise a TypeError wherever it was read). For a universal
     checkpoint (gpt/universal.py), the one of the step it was made in, or else the one its model-states file
     records."""
@@ -403,14 +394,14 @@ def read_run_config(path):
     file = Path(path) / RUN_CONFIG
     problem = regular_file_problem(file)
     if problem:
-        raise CheckpointError(problem)
+        raise BadInput(problem)
     try:
         run = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable {RUN_CONFIG} ({e})") from None
+        raise BadInput(f"{path}: unreadable {RUN_CONFIG} ({e})") from None
     problem = run_config_problems(run)
     if problem:
-        raise CheckpointError(f"{file}: {problem}")
+        raise BadInput(f"{file}: {problem}")
     return run
 
 
@@ -423,9 +414,9 @@ def check_init_from(path, saved, init_from):
     same = started_from is not None and (str(started_from) == str(init_from) or (
         os.path.exists(started_from) and os.path.exists(init_from) and os.path.samefile(started_from, init_from)))
     if not same:
-        raise CheckpointError(f"--init_from {init_from}: --resume continues {path}, whose weights would replace "
-                              f"--init_from's (its run did not start from {init_from}): drop --init_from to continue "
-                              f"that run, or --resume (and use a fresh --out_dir) to start from {init_from}")
+        raise BadInput(f"--init_from {init_from}: --resume continues {path}, whose weights would replace "
+                       f"--init_from's (its run did not start from {init_from}): drop --init_from to continue "
+                       f"that run, or --resume (and use a fresh --out_dir) to start from {init_from}")
 
 
 def format_of(run):
@@ -466,7 +457,7 @@ def check_compatible(path, saved, current):
             problems.append("; ".join(order) + " (the data position depends on them: --reset_data_position starts the "
                             "next epoch in the new order)")
     if problems:
-        raise CheckpointError(f"{path}: cannot resume: " + "; ".join(problems))
+        raise BadInput(f"{path}: cannot resume: " + "; ".join(problems))
 
 
 def check_same_data(path, saved, current, data_dir, reset_position):
@@ -483,9 +474,9 @@ def check_same_data(path, saved, current, data_dir, reset_position):
         warn(f"--data {data_dir}: the train shards changed since {path} was saved ({describe_changes(changes)}); "
              f"--reset_data_position: training continues from the start of the next epoch")
     elif changes:
-        raise CheckpointError(f"--data {data_dir}: the train shards changed since {path} was saved "
-                              f"({describe_changes(changes)}): its data position would point into other data; "
-                              f"restore them, or resume with --reset_data_position (from the next epoch's start)")
+        raise BadInput(f"--data {data_dir}: the train shards changed since {path} was saved "
+                       f"({describe_changes(changes)}): its data position would point into other data; "
+                       f"restore them, or resume with --reset_data_position (from the next epoch's start)")
 
 
 def load(engine, path, load_optimizer_states=True, restore_rng=True):
@@ -498,10 +489,10 @@ def load(engine, path, load_optimizer_states=True, restore_rng=True):
             str(path.parent), tag=path.name, load_optimizer_states=load_optimizer_states,
             load_lr_scheduler_states=load_optimizer_states, load_module_only=not load_optimizer_states)
     except (AssertionError, OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
-        raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no message'})") from None
+        raise BadInput(f"{path}: DeepSpeed could not load this checkpoint "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no message'})") from None
     if loaded is None:
-        raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
+        raise BadInput(f"{path}: DeepSpeed could not load this checkpoint")
     if not (load_optimizer_states and restore_rng):
         return client_state, None
     rng_file = path / f"rng_rank{dist.rank():05d}.pt"
@@ -551,13 +542,13 @@ def model_states(path):
     file = Path(path) / MODEL_STATES
     problem = not_regular(file) if os.path.lexists(file) else "missing"
     if problem:  # a FIFO would block torch.load forever
-        raise CheckpointError(f"{file}: {problem}")
+        raise BadInput(f"{file}: {problem}")
     try:
         state = torch.load(file, map_location="cpu", mmap=zipfile.is_zipfile(file), weights_only=False)
     except UNREADABLE as e:
-        raise CheckpointError(f"{file}: unreadable ({brief(e)})") from None
+        raise BadInput(f"{file}: unreadable ({brief(e)})") from None
     if not isinstance(state, dict):
-        raise CheckpointError(f"{file}: unreadable (not a DeepSpeed model-states file)")
+        raise BadInput(f"{file}: unreadable (not a DeepSpeed model-states file)")
     return state
 
 
@@ -571,13 +562,13 @@ def read_fp32_weights(path):
             continue
         problem = not_regular(file)
         if problem:
-            raise CheckpointError(f"{file}: {problem}")
+            raise BadInput(f"{file}: {problem}")
         try:
             saved = torch.load(file, map_location="cpu", weights_only=False)
         except UNREADABLE as e:
-            raise CheckpointError(f"{file}: unreadable ({brief(e)})") from None
+            raise BadInput(f"{file}: unreadable ({brief(e)})") from None
         if not (isinstance(saved, dict) and torch.is_tensor(saved.get("param"))):
-            raise CheckpointError(f"{file}: unreadable (not a universal checkpoint's {{'param': tensor}})")
+            raise BadInput(f"{file}: unreadable (not a universal checkpoint's {{'param': tensor}})")
         state[param_dir.name] = saved["param"]
     return state
 
@@ -590,12 +581,12 @@ def read_universal_run_config(path):
         return read_run_config(path.parent)
     run = model_states(path).get("run_config")
     if run is None:
-        raise CheckpointError(f"{path}: a universal checkpoint whose model shape is unknown: no {RUN_CONFIG} beside "
-                              f"it in {path.parent}, and its {MODEL_STATES} records none (saved before checkpoints "
-                              f"did): copy the {RUN_CONFIG} of the checkpoint it was made from into {path.parent}")
+        raise BadInput(f"{path}: a universal checkpoint whose model shape is unknown: no {RUN_CONFIG} beside "
+                       f"it in {path.parent}, and its {MODEL_STATES} records none (saved before checkpoints "
+                       f"did): copy the {RUN_CONFIG} of the checkpoint it was made from into {path.parent}")
     problem = run_config_problems(run)
     if problem:
-        raise CheckpointError(f"{path / MODEL_STATES}: its run_config: {problem}")
+        raise BadInput(f"{path / MODEL_STATES}: its run_config: {problem}")
     return run
 def read_weights(path):
     """(fp32 state dict, GPTConfig) of a checkpoint (or the newest under a checkpoints/ directory, or a universal
@@ -618,23 +609,23 @@ def read_weights(path):
         except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
             state = None
         except UNREADABLE as e:  # a garbled or cut file: name it, not zero_to_fp32's insides
-            raise CheckpointError(unreadable_file(path, e)) from None
+            raise BadInput(unreadable_file(path, e)) from None
     if state is None:  # the module's own weights (16-bit in half-precision runs)
         model_file = path / MODEL_STATES
         try:
             state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
         except UNREADABLE as e:
-            raise CheckpointError(f"{model_file}: unreadable ({brief(e)})") from None
+            raise BadInput(f"{model_file}: unreadable ({brief(e)})") from None
         if not isinstance(state, dict):
-            raise CheckpointError(f"{model_file}: unreadable (its 'module' is not a state dict)")
+            raise BadInput(f"{model_file}: unreadable (its 'module' is not a state dict)")
     if "transformer.wte.weight" in state:
         state.setdefault("lm_head.weight", state["transformer.wte.weight"])
     if config.n_embd % config.n_head:
-        raise CheckpointError(f"{path}: its {RUN_CONFIG} says n_head {config.n_head}, which does not divide its "
-                              f"n_embd {config.n_embd}")
+        raise BadInput(f"{path}: its {RUN_CONFIG} says n_head {config.n_head}, which does not divide its "
+                       f"n_embd {config.n_embd}")
     wrong = state_dict_mismatch(state, config)
     if wrong:  # run_config.json edited, or copied from another run: an export would describe other weights
-        raise CheckpointError(f"{path}: the weights do not fit its {RUN_CONFIG} (n_layer {config.n_layer}, n_embd "
-                              f"{config.n_embd}, block_size {config.block_size}, vocab_size {config.vocab_size}; "
-                              f"missing, extra or misshapen: {wrong})")
+        raise BadInput(f"{path}: the weights do not fit its {RUN_CONFIG} (n_layer {config.n_layer}, n_embd "
+                       f"{config.n_embd}, block_size {config.block_size}, vocab_size {config.vocab_size}; "
+                       f"missing, extra or misshapen: {wrong})")
     return {k: v.float() for k, v in state.items()}, config

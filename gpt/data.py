@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gpt.args import regular_file_problem
+from gpt.console import BadInput
 from gpt.disk import atomic_write
 
 SHARD_MAGIC = 20240520
@@ -31,9 +32,6 @@ FINGERPRINT_BLOCK = 1 << 20  # bytes per sampled block
 FINGERPRINT_BLOCKS = 5  # the first, the last and three between: 5 MiB of a 100M-token (200 MB) shard
 
 
-class DataError(ValueError):
-    """Bad or missing data, named with its file."""
-
 
 def shard_name(name, split, index):
     return f"{name}_{split}_{index:06d}.bin"
@@ -43,7 +41,7 @@ def write_shard(path, tokens):
     """Write tokens to an llm.c shard; a temp name is renamed only once the file is complete."""
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
-        raise DataError(f"{path}: token ids must fit in uint16")
+        raise BadInput(f"{path}: token ids must fit in uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
     # A full disk, a directory where the shard goes: no partial file is left behind.
@@ -56,16 +54,16 @@ def read_shard_header(path):
     """Check an llm.c shard's header against its size (cheap: reads 1 KiB); return its token count."""
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte shard header")
+        raise BadInput(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte shard header")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     if header[0] != SHARD_MAGIC:
-        raise DataError(f"{path}: bad magic {header[0]} (expected {SHARD_MAGIC}); not an llm.c token shard")
+        raise BadInput(f"{path}: bad magic {header[0]} (expected {SHARD_MAGIC}); not an llm.c token shard")
     if header[1] != SHARD_VERSION:
-        raise DataError(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
+        raise BadInput(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
     ntok = int(header[2])
     if size != HEADER_BYTES + 2 * ntok:
-        raise DataError(f"{path}: header says {ntok} tokens ({HEADER_BYTES + 2 * ntok} bytes) "
-                        f"but the file has {size} bytes")
+        raise BadInput(f"{path}: header says {ntok} tokens ({HEADER_BYTES + 2 * ntok} bytes) "
+                       f"but the file has {size} bytes")
     return ntok
 
 
@@ -75,9 +73,9 @@ def load_shard(path):
         try:
             tokens = np.load(path, mmap_mode="r")
         except ValueError as e:
-            raise DataError(f"{path}: not a NumPy array file ({e})") from None
+            raise BadInput(f"{path}: not a NumPy array file ({e})") from None
         if tokens.dtype != np.uint16 or tokens.ndim != 1:
-            raise DataError(f"{path}: expected a 1-D uint16 token array, found {tokens.ndim}-D {tokens.dtype}")
+            raise BadInput(f"{path}: expected a 1-D uint16 token array, found {tokens.ndim}-D {tokens.dtype}")
         return tokens
     ntok = read_shard_header(path)
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntok,))
@@ -90,8 +88,8 @@ def check_token_range(path, vocab_size):
         chunk = np.asarray(tokens[start:start + SCAN_CHUNK])
         if chunk.size and chunk.max() >= vocab_size:
             position = start + int(np.argmax(chunk >= vocab_size))
-            raise DataError(f"{path}: token {int(tokens[position])} at position {position} "
-                            f"is >= the vocabulary size {vocab_size}")
+            raise BadInput(f"{path}: token {int(tokens[position])} at position {position} "
+                           f"is >= the vocabulary size {vocab_size}")
 
 
 SPLITS = ("train", "val")
@@ -123,27 +121,27 @@ def unfinished_preparations(data_dir):
 def find_shards(data_dir, split):
     """Sorted shard paths (.bin or .npy) of one split in data_dir; a clear error when there are none."""
     if not str(data_dir).strip():
-        raise DataError("--data is empty: name a shard directory")
+        raise BadInput("--data is empty: name a shard directory")
     data_dir = Path(data_dir)
     if data_dir.exists() and not data_dir.is_dir():
-        raise DataError(f"{data_dir}: a file, not a directory of shards")
+        raise BadInput(f"{data_dir}: a file, not a directory of shards")
     if not data_dir.is_dir():
-        raise DataError(f"{data_dir}: data directory not found "
-                        f"(make one with: python -m gpt.prepare shakespeare --out_dir {data_dir})")
+        raise BadInput(f"{data_dir}: data directory not found "
+                       f"(make one with: python -m gpt.prepare shakespeare --out_dir {data_dir})")
     paths = sorted(p for p in data_dir.glob(f"*_{split}_*") if p.suffix in (".bin", ".npy"))
     corpora = sorted({corpus_of(p.name) for s in SPLITS for p in data_dir.glob(f"*_{s}_*")
                       if p.suffix in (".bin", ".npy")})
     if len(corpora) > 1:  # gpt-prepare refuses to write a second corpus beside one; this is a directory mixed by hand
-        raise DataError(f"{data_dir}: shards of {len(corpora)} corpora (" + ", ".join(f"{c}_*" for c in corpora) +
-                        "): a run would train on all of them; keep one corpus per directory")
+        raise BadInput(f"{data_dir}: shards of {len(corpora)} corpora (" + ", ".join(f"{c}_*" for c in corpora) +
+                       "): a run would train on all of them; keep one corpus per directory")
     if not paths:
-        raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin or .npy)")
+        raise BadInput(f"{data_dir}: no '{split}' shards (*_{split}_*.bin or .npy)")
     for path in paths:  # a FIFO would block the first read forever, a directory or a dangling link raise there
         problem = regular_file_problem(path)
         if problem:
-            raise DataError(problem.replace(", not a regular file", " named like a shard, not a shard file"))
+            raise BadInput(problem.replace(", not a regular file", " named like a shard, not a shard file"))
         if not path.stat().st_size:
-            raise DataError(f"{path}: an empty file (0 bytes), not a token shard")
+            raise BadInput(f"{path}: an empty file (0 bytes), not a token shard")
     return paths
 
 
@@ -212,7 +210,7 @@ def check_lengths(data_dir, seq_len, global_batch, validating):
             problems.append(f"{val[0]}: the val split is shorter than one sequence of {window} tokens; "
                             f"lower --seq_len or turn validation off with --val_every 0")
     if problems:
-        raise DataError("\n".join(problems))
+        raise BadInput("\n".join(problems))
 
 
 def _windows_to_batch(tokens, windows, seq_len):
@@ -250,13 +248,13 @@ class ShuffledTokenLoader:
     def _set_batch_size(self, windows_per_batch):
         per_micro_step = self.micro_batch * self.world_size
         if windows_per_batch % per_micro_step:
-            raise DataError(f"a global batch of {windows_per_batch} windows does not split into micro-batches of "
-                            f"{self.micro_batch} on {self.world_size} rank(s)")
+            raise BadInput(f"a global batch of {windows_per_batch} windows does not split into micro-batches of "
+                           f"{self.micro_batch} on {self.world_size} rank(s)")
         self.windows_per_batch, self.micro_steps = windows_per_batch, windows_per_batch // per_micro_step
         self.batches_per_shard = [w // windows_per_batch for w in self.windows]
         if sum(self.batches_per_shard) == 0:
-            raise DataError(f"{self.shards[0].parent}: no shard holds one global batch ({windows_per_batch} "
-                            f"sequences of {self.seq_len} tokens + 1)")
+            raise BadInput(f"{self.shards[0].parent}: no shard holds one global batch ({windows_per_batch} "
+                           f"sequences of {self.seq_len} tokens + 1)")
 
     # -- the pure schedule -------------------------------------------------------------------------
     def _rng(self, *keys):
@@ -364,10 +362,10 @@ class ShuffledTokenLoader:
         mine = self.state_dict()
         for key in ("seed", "seq_len", "shards"):
             if state[key] != mine[key]:
-                raise DataError(f"loader state was saved with {key}={state[key]!r}, this run has {mine[key]!r}")
+                raise BadInput(f"loader state was saved with {key}={state[key]!r}, this run has {mine[key]!r}")
         changes = data_changes(state.get("fingerprints", mine["fingerprints"]), mine["fingerprints"])
         if changes:
-            raise DataError(f"the shards changed since the loader state was saved ({describe_changes(changes)})")
+            raise BadInput(f"the shards changed since the loader state was saved ({describe_changes(changes)})")
         self._halt()
         saved_size, note = state.get("windows_per_batch"), None
         if saved_size is None:
@@ -399,7 +397,7 @@ class ValidationSet:
             available = (len(load_shard(path)) - 1) // seq_len
             self.windows += [(path, w) for w in range(min(available, num_sequences - len(self.windows)))]
         if not self.windows:
-            raise DataError(f"{shard_paths[0]}: the val split is shorter than one sequence of {seq_len} tokens")
+            raise BadInput(f"{shard_paths[0]}: the val split is shorter than one sequence of {seq_len} tokens")
         self.mine = self.windows[rank::world_size]
 
     def __len__(self):

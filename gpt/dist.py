@@ -61,15 +61,6 @@ def answer_cpuinfo_fast():
 answer_cpuinfo_fast()
 
 
-def launched_rank():
-    """This process's rank as the launcher (deepspeed, torchrun) set it; 0 for a plain `python` run."""
-    return int(os.environ.get("RANK", 0))
-
-
-def launched_world_size():
-    return int(os.environ.get("WORLD_SIZE", 1))
-
-
 def device_type():
     """'cuda' or 'cpu': the accelerator DeepSpeed picked (DS_ACCELERATOR, else what it detects)."""
     return get_accelerator().device_name()

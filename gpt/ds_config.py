@@ -14,6 +14,7 @@ from pathlib import Path
 import pydantic
 
 from gpt.args import out_dir_problem, out_file_problem, regular_file_problem
+from gpt.console import BadInput
 
 # Top-level keys DeepSpeed 0.19 reads (its runtime constants, and the sections with a parser of their own);
 # DeepSpeed itself ignores any other key silently, so a misspelled `zero_optimisation` would run ZeRO 0.
@@ -70,9 +71,6 @@ ADAM_PARAMS = {
 }
 
 
-class DeepSpeedConfigError(ValueError):
-    """A DeepSpeed JSON that cannot be used; the message names the file and the problem."""
-
 
 class _JSONObject(dict):
     """A JSON object that remembers the keys it held more than once (json keeps the last one silently)."""
@@ -119,44 +117,44 @@ def load(path):
     """The DeepSpeed JSON as a dict, or a one-line reason why not (repeated keys included: DeepSpeed would
     take the last one without a word)."""
     if not str(path).strip():
-        raise DeepSpeedConfigError("--ds_config is empty: name a DeepSpeed JSON file")
+        raise BadInput("--ds_config is empty: name a DeepSpeed JSON file")
     path = Path(path)
     if path.is_dir():
-        raise DeepSpeedConfigError(f"{path}: a directory, not a DeepSpeed JSON file")
+        raise BadInput(f"{path}: a directory, not a DeepSpeed JSON file")
     if not path.exists() and not path.is_symlink():
-        raise DeepSpeedConfigError(f"{path}: DeepSpeed config not found")
+        raise BadInput(f"{path}: DeepSpeed config not found")
     if regular_file_problem(path):  # a FIFO would block the read below; a dangling link, say where it points
-        raise DeepSpeedConfigError(regular_file_problem(path))
+        raise BadInput(regular_file_problem(path))
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DeepSpeedConfigError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise BadInput(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
     too_deep = False
     try:
         config = json.loads(text, object_pairs_hook=_JSONObject)
     except json.JSONDecodeError as e:
-        raise DeepSpeedConfigError(f"{path}: invalid JSON ({e})") from None
+        raise BadInput(f"{path}: invalid JSON ({e})") from None
     except RecursionError:  # json's parser recurses once per level: thousands of levels exhaust Python's stack
         too_deep = True
     if too_deep or _depth(config) > MAX_DEPTH:
-        raise DeepSpeedConfigError(f"{path}: nested more than {MAX_DEPTH} levels deep (DeepSpeed's deepest blocks "
-                                   f"need about 6)")
+        raise BadInput(f"{path}: nested more than {MAX_DEPTH} levels deep (DeepSpeed's deepest blocks "
+                       f"need about 6)")
     if not isinstance(config, dict):
-        raise DeepSpeedConfigError(f"{path}: expected a JSON object")
+        raise BadInput(f"{path}: expected a JSON object")
     repeated, config = _repeated_keys(config)
     if repeated:
-        raise DeepSpeedConfigError("\n".join(f"{path}: duplicate key '{key}' (DeepSpeed would use the last "
+        raise BadInput("\n".join(f"{path}: duplicate key '{key}' (DeepSpeed would use the last "
                                               f"one, silently)" for key in repeated))
     return config
 
 
 def load_checked(path):
-    """load(), and every problem() of the JSON as one DeepSpeedConfigError."""
+    """load(), and every problem() of the JSON as one BadInput."""
     config = load(path)
     found = problems(config, path)
     if found:
-        raise DeepSpeedConfigError("\n".join(found))
+        raise BadInput("\n".join(found))
     return config
 
 
@@ -355,7 +353,7 @@ def _model_fields(model, loc):
 
 def _error_lines(path, key, error):
     """One line per problem DeepSpeed's parser found in the top-level `key`: pydantic's errors by dotted key,
-    anything else (its asserts, its own DeepSpeedConfigError) as its first line."""
+    anything else (its asserts, its own BadInput) as its first line."""
     if not isinstance(error, pydantic.ValidationError):
         return [f"{path}: {key}: {_first_line(error)}"]
     lines = []

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gpt.args import json_line, regular_file_problem
+from gpt.console import BadInput
 from gpt.disk import atomic_write
 from gpt.tokenizer import gpt2_tokenizer
 
@@ -23,9 +24,6 @@ EVAL_MAGIC, EVAL_VERSION = 20240522, 1  # llm.c's eval-file header
 START_EXAMPLE = 2**16 - 1
 PAD_TO = 32  # rows are padded to a multiple of this: few distinct shapes, so torch.compile rarely recompiles
 
-
-class HellaSwagError(ValueError):
-    """Bad or missing HellaSwag input, named with its file."""
 
 
 @dataclass(frozen=True)
@@ -47,24 +45,24 @@ def empty_problem(context, endings):
 
 def parse_example(line, where):
     """(context, endings, label) of one official jsonl line, or an error naming where it is."""
-    row = json_line(line, where, HellaSwagError)
+    row = json_line(line, where, BadInput)
     if not isinstance(row, dict):
-        raise HellaSwagError(f"{where}: expected a JSON object with ctx, endings and label")
+        raise BadInput(f"{where}: expected a JSON object with ctx, endings and label")
     for key in ("ctx", "endings", "label"):
         if key not in row:
-            raise HellaSwagError(f"{where}: no '{key}' field")
+            raise BadInput(f"{where}: no '{key}' field")
     context, endings, label = row["ctx"], row["endings"], row["label"]
     if not isinstance(context, str):
-        raise HellaSwagError(f"{where}: 'ctx' must be a string, got {json.dumps(context)[:40]}")
+        raise BadInput(f"{where}: 'ctx' must be a string, got {json.dumps(context)[:40]}")
     if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
-        raise HellaSwagError(f"{where}: 'endings' must be a list of 4 strings, got {json.dumps(endings)[:40]}")
+        raise BadInput(f"{where}: 'endings' must be a list of 4 strings, got {json.dumps(endings)[:40]}")
     problem = empty_problem(context.strip(), [e.strip() for e in endings])
     if problem:
-        raise HellaSwagError(f"{where}: {problem}")
+        raise BadInput(f"{where}: {problem}")
     if isinstance(label, str) and label in ("0", "1", "2", "3"):  # some copies hold the label as a string
         label = int(label)
     if type(label) is not int or not 0 <= label <= 3:
-        raise HellaSwagError(f"{where}: 'label' must be 0, 1, 2 or 3, got {json.dumps(label)[:40]}")
+        raise BadInput(f"{where}: 'label' must be 0, 1, 2 or 3, got {json.dumps(label)[:40]}")
     return context, endings, label
 
 
@@ -80,7 +78,7 @@ def read_jsonl(path):
             examples.append(Example(tuple(tokenizer.encode_ordinary(context)),
                                     tuple(tuple(tokenizer.encode_ordinary(" " + e)) for e in endings), label))
     if not examples:
-        raise HellaSwagError(f"{path}: no examples")
+        raise BadInput(f"{path}: no examples")
     return examples
 
 
@@ -90,11 +88,11 @@ def read_llmc_bin(path):
     and ending token lists."""
     raw = Path(path).read_bytes()
     if len(raw) < 1024:
-        raise HellaSwagError(f"{path}: shorter than the 1024-byte header")
+        raise BadInput(f"{path}: shorter than the 1024-byte header")
     header = np.frombuffer(raw[:1024], dtype="<i4")
     if header[0] != EVAL_MAGIC or header[1] != EVAL_VERSION:
-        raise HellaSwagError(f"{path}: bad header (magic {header[0]}, version {header[1]}; "
-                             f"expected {EVAL_MAGIC}, {EVAL_VERSION})")
+        raise BadInput(f"{path}: bad header (magic {header[0]}, version {header[1]}; "
+                       f"expected {EVAL_MAGIC}, {EVAL_VERSION})")
     stream = np.frombuffer(raw[1024:len(raw) - (len(raw) - 1024) % 2], dtype="<u2")
     examples, position = [], 0
     for index in range(int(header[2])):
@@ -112,17 +110,17 @@ def read_llmc_bin(path):
                 lists.append(tuple(fields[cursor + 1:cursor + 1 + n]))
                 cursor += 1 + n
         except IndexError:
-            raise HellaSwagError(f"{path}: example {index} is truncated or misaligned") from None
+            raise BadInput(f"{path}: example {index} is truncated or misaligned") from None
         if count != 4 or not 0 <= label < 4:
-            raise HellaSwagError(f"{path}: example {index}: expected 4 endings and a label in 0..3, "
-                                 f"found {count} and {label}")
+            raise BadInput(f"{path}: example {index}: expected 4 endings and a label in 0..3, "
+                           f"found {count} and {label}")
         problem = empty_problem(lists[0], lists[1:])
         if problem:
-            raise HellaSwagError(f"{path}: example {index}: {problem}")
+            raise BadInput(f"{path}: example {index}: {problem}")
         examples.append(Example(lists[0], tuple(lists[1:]), label))
         position += size
     if not examples:
-        raise HellaSwagError(f"{path}: no examples")
+        raise BadInput(f"{path}: no examples")
     return examples
 
 
@@ -137,12 +135,12 @@ def load(path, cache_dir=None):
                     with urllib.request.urlopen(OFFICIAL_VAL_URL, timeout=30) as response:
                         tmp.write_bytes(response.read())
                 except OSError as e:
-                    raise HellaSwagError(f"cannot download HellaSwag (offline?): {e}; pass a local hellaswag_val.jsonl "
-                                         f"or llm.c's hellaswag_val.bin instead") from None
+                    raise BadInput(f"cannot download HellaSwag (offline?): {e}; pass a local hellaswag_val.jsonl "
+                                   f"or llm.c's hellaswag_val.bin instead") from None
         path = cache
     path = Path(path)
     if not path.is_file():  # a FIFO would block the read: said, not opened
-        raise HellaSwagError(f"{path}: a directory, not a file" if path.is_dir() else regular_file_problem(path))
+        raise BadInput(f"{path}: a directory, not a file" if path.is_dir() else regular_file_problem(path))
     return read_llmc_bin(path) if path.suffix == ".bin" else read_jsonl(path)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from gpt.checkpoint import read_weights
+from gpt.console import BadInput
 from gpt.disk import atomic_write, write_problem
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
 
@@ -25,9 +26,6 @@ MODEL_FILES = ("config.json", "model.safetensors")  # what an export writes, and
 MAX_POSITIONS = 2**20
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")  # what read_hf_config requires
 
-
-class InteropError(ValueError):
-    """A directory or checkpoint that cannot be converted, with the reason."""
 
 
 def hf_config(config):
@@ -80,25 +78,25 @@ def from_hf(hf_state_dict, config):
 def read_hf_config(directory):
     path = Path(directory) / "config.json"
     if not Path(directory).is_dir():
-        raise InteropError(f"{directory}: {'not a directory' if Path(directory).exists() else 'not found'}")
+        raise BadInput(f"{directory}: {'not a directory' if Path(directory).exists() else 'not found'}")
     if not path.is_file():
-        raise InteropError(f"{directory}: no config.json (not a Hugging Face model directory)")
+        raise BadInput(f"{directory}: no config.json (not a Hugging Face model directory)")
     try:
         hf = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InteropError(f"{path}: invalid JSON ({e})") from None
+        raise BadInput(f"{path}: invalid JSON ({e})") from None
     if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
-        raise InteropError(f"{path}: model_type {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
-                           f"expected 'gpt2'")
+        raise BadInput(f"{path}: model_type {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
+                       f"expected 'gpt2'")
     bad = [k for k in SHAPE_KEYS if not (type(hf.get(k)) is int and hf[k] > 0)]
     if bad:
-        raise InteropError(f"{path}: {', '.join(bad)} must be positive whole numbers (got "
-                           f"{', '.join(json.dumps(hf.get(k)) for k in bad)})")
+        raise BadInput(f"{path}: {', '.join(bad)} must be positive whole numbers (got "
+                       f"{', '.join(json.dumps(hf.get(k)) for k in bad)})")
     if hf["n_embd"] % hf["n_head"]:
-        raise InteropError(f"{path}: n_embd {hf['n_embd']} is not divisible by n_head {hf['n_head']}")
+        raise BadInput(f"{path}: n_embd {hf['n_embd']} is not divisible by n_head {hf['n_head']}")
     if hf["n_positions"] > MAX_POSITIONS:
-        raise InteropError(f"{path}: n_positions {hf['n_positions']} is beyond any GPT-2 (at most {MAX_POSITIONS} "
-                           f"here; GPT-2's is 1024)")
+        raise BadInput(f"{path}: n_positions {hf['n_positions']} is beyond any GPT-2 (at most {MAX_POSITIONS} "
+                       f"here; GPT-2's is 1024)")
     return hf
 
 
@@ -112,7 +110,7 @@ def check_hf_matches(directory, config):
     if hf.get("vocab_size") != GPT2_VOCAB_SIZE:
         problems.append(f"vocab_size {hf.get('vocab_size')} there, GPT-2's {GPT2_VOCAB_SIZE} expected")
     if problems:
-        raise InteropError(f"{directory}: does not fit the model: " + "; ".join(problems))
+        raise BadInput(f"{directory}: does not fit the model: " + "; ".join(problems))
 
 
 def load_hf_weights(directory, config):
@@ -126,18 +124,18 @@ def load_hf_weights(directory, config):
         path = directory / "pytorch_model.bin"
         load = functools.partial(torch.load, map_location="cpu", weights_only=True)
     else:
-        raise InteropError(f"{directory}: no model.safetensors or pytorch_model.bin")
+        raise BadInput(f"{directory}: no model.safetensors or pytorch_model.bin")
     try:
         hf_state = load(path)
         state = from_hf(hf_state, config)
     except Exception as e:  # safetensors' and pickle's errors share no base class: any is a bad file
-        raise InteropError(f"{path}: unreadable GPT-2 weights ({type(e).__name__}: {str(e)[:200]})") from None
+        raise BadInput(f"{path}: unreadable GPT-2 weights ({type(e).__name__}: {str(e)[:200]})") from None
     if "transformer.wpe.weight" in state:  # n_positions may be larger than our block_size
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]
     wrong = state_dict_mismatch(state, config)
     if wrong:
-        raise InteropError(f"{path}: does not hold GPT-2's parameters for this shape (missing, extra or misshapen: "
-                           f"{wrong})")
+        raise BadInput(f"{path}: does not hold GPT-2's parameters for this shape (missing, extra or misshapen: "
+                       f"{wrong})")
     return state
 
 
@@ -147,8 +145,8 @@ def export(checkpoint_path, out_dir):
 
     state, config = read_weights(checkpoint_path)
     if config.vocab_size < GPT2_VOCAB_SIZE:
-        raise InteropError(f"{checkpoint_path}: vocab_size {config.vocab_size} is smaller than GPT-2's "
-                           f"{GPT2_VOCAB_SIZE}: not a GPT-2 model transformers could load")
+        raise BadInput(f"{checkpoint_path}: vocab_size {config.vocab_size} is smaller than GPT-2's "
+                       f"{GPT2_VOCAB_SIZE}: not a GPT-2 model transformers could load")
     out_dir = Path(out_dir)
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +159,8 @@ def export(checkpoint_path, out_dir):
                 problem = write_problem(tmp, e) or (
                     f"{tmp}: no space left on the device" if "No space left on device" in str(e)
                     else f"{tmp}: not written ({type(e).__name__}: {str(e)[:200]})")
-                raise InteropError(problem.replace(".tmp:", ":", 1)) from None
-    except InteropError:  # both temporaries are gone: so is the out_dir this export made
+                raise BadInput(problem.replace(".tmp:", ":", 1)) from None
+    except BadInput:  # both temporaries are gone: so is the out_dir this export made
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise

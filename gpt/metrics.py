@@ -1,20 +1,12 @@
-"""What a run reports: a console line (written whole), TensorBoard scalars and metrics.jsonl, all from rank 0; and MFU."""
+"""What a run reports: a console line, TensorBoard scalars and metrics.jsonl, all from rank 0; and MFU."""
 import functools
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-
-def say(text, stream=None):
-    """Write text and its newline in one call: the launcher runs ranks with `python -u`, where print() makes
-    separate writes for the text and the newline, and ranks sharing one pipe then split each other's lines."""
-    stream = stream or sys.stdout
-    stream.write(f"{text}\n")
-    stream.flush()
-
+from gpt.console import say
 
 # Dense peak FLOP/s per GPU from the vendors' datasheets (no sparsity). 'fp32' on Ampere/Hopper is TF32,
 # which the trainer enables for fp32 matmuls.

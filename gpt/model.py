@@ -4,7 +4,7 @@ Parameter names follow Hugging Face's GPT-2 (transformer.wte, transformer.h.N.at
 OpenAI/HF weights map one-to-one (HF's Conv1D stores Linear weights transposed). The module knows
 nothing about DeepSpeed or parallelism: the trainer wraps it.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -21,6 +21,19 @@ class GPTConfig:
     n_embd: int = 768
     block_size: int = 1024
     vocab_size: int = PADDED_VOCAB_SIZE
+
+    def problems(self, seq_len, preset=None):
+        """Why this shape cannot train on sequences of seq_len tokens, one line each (none: it can); preset: the
+        --model it came from, named beside its block size. Its flags are checked to be positive before."""
+        problems = []
+        if self.n_head > 0 and self.n_embd % self.n_head:
+            problems.append(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        if seq_len > self.block_size:
+            problems.append(f"--seq_len {seq_len} exceeds the model's block_size {self.block_size}"
+                            + (f" ({preset})" if preset else ""))
+        if self.vocab_size <= 0:  # smaller than GPT-2's is fine for other tokenizers: the shards' ids are checked
+            problems.append(f"--vocab_size must be positive (got {self.vocab_size})")
+        return problems
 
 
 def param_count(config):
@@ -40,6 +53,12 @@ PRESETS = {
     "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=256),
     "d4": GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=512),
 }
+
+
+def preset_config(preset, n_layer=None, n_embd=None, n_head=None, vocab_size=PADDED_VOCAB_SIZE):
+    """A preset's GPTConfig with the given overrides (None: the preset's)."""
+    overrides = {k: v for k, v in dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head).items() if v is not None}
+    return replace(PRESETS[preset], vocab_size=vocab_size, **overrides)
 
 
 class CausalSelfAttention(nn.Module):

@@ -13,6 +13,11 @@ class OptimizerSettings:
     max_steps: int
     min_lr_ratio: float
 
+    @classmethod
+    def of(cls, settings):
+        """The optimizer's part of a run's Settings (gpt/settings.py)."""
+        return cls(settings.lr, settings.weight_decay, settings.warmup_steps, settings.max_steps, settings.min_lr_ratio)
+
     def lr_factor(self, step):
         """The schedule as a multiplier of lr (LambdaLR's form)."""
         return lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio) / self.lr

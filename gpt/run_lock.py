@@ -8,18 +8,14 @@ import fcntl
 import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
 from gpt.args import regular_file_problem
-from gpt.metrics import say
+from gpt.console import BadInput, warn
 
 LOCK_FILE = "run.lock"
 
-
-class RunLocked(Exception):
-    """Another live run holds the out_dir (the message names it), or its lock file is not a file to lock."""
 
 
 def lock_file_problem(path):
@@ -58,18 +54,18 @@ def holder(path):
 
 
 def refusal(out_dir, path):
-    return RunLocked(f"--out_dir {out_dir}: another run is using it: {holder(path)}; wait for it to end, or use "
-                     f"another --out_dir")
+    return BadInput(f"--out_dir {out_dir}: another run is using it: {holder(path)}; wait for it to end, or use "
+                    f"another --out_dir")
 
 
 def check_unlocked(out_dir, tries=10):
-    """RunLocked if a live run other than this launch holds out_dir; writes nothing. Checked on every rank
+    """BadInput if a live run other than this launch holds out_dir; writes nothing. Checked on every rank
     before anything else about out_dir, so that a run started beside a live one says so (rather than that
     out_dir holds an earlier run), on every rank alike. A rank may look after its own rank 0 took the lock:
     that holder is not another run (its record, written just after it locked, is waited for a moment)."""
     path = Path(out_dir) / LOCK_FILE
     if lock_file_problem(path):
-        raise RunLocked(lock_file_problem(path))
+        raise BadInput(lock_file_problem(path))
     try:
         probe = open(path)
     except OSError:
@@ -91,11 +87,11 @@ def check_unlocked(out_dir, tries=10):
 
 def acquire(out_dir, tries=5):
     """Take out_dir's lock (making out_dir) and record this process in it; returns the open file, which holds
-    the lock until it is closed or the process ends. RunLocked if a live run holds it. A few tries 0.1 s
+    the lock until it is closed or the process ends. BadInput if a live run holds it. A few tries 0.1 s
     apart: another run's check_unlocked holds a shared lock for an instant."""
     path = Path(out_dir) / LOCK_FILE
     if lock_file_problem(path):
-        raise RunLocked(lock_file_problem(path))
+        raise BadInput(lock_file_problem(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = open(path, "a+")  # not "w": truncating would erase the holder's record before we know we hold it
     for attempt in range(tries):
@@ -108,8 +104,8 @@ def acquire(out_dir, tries=5):
                 raise refusal(out_dir, path) from None
             time.sleep(0.1)
         except OSError as e:  # e.g. Lustre mounted without -o flock: train, unguarded, rather than not at all
-            say(f"warning: {path}: this file system has no file locks ({e.strerror}): a second run into --out_dir "
-                f"{out_dir} would not be stopped", sys.stderr)
+            warn(f"{path}: this file system has no file locks ({e.strerror}): a second run into --out_dir "
+                 f"{out_dir} would not be stopped")
             break
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "launch": this_launch()}

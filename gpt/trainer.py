@@ -4,49 +4,33 @@ train_ds.py is its command line; bench/train.py drives the same steps one at a t
 """
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
 from gpt import engine as ds_engine
-from gpt.config import (ConfigError, Settings, gradient_accumulation, model_flags, number_problems, resolve_defaults,
-                        validate)
-from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, fingerprints, unfinished_preparations
+from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
+from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.disk import write_problem
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
-from gpt.hf import InteropError, load_hf_weights
+from gpt.hf import load_hf_weights
 from gpt.loss import model_with_loss
-from gpt.metrics import MetricsLogger, peak_flops, say
-from gpt.model import GPT, GPTConfig, param_count
-from gpt.optim import lr_at
-from gpt.plan import model_memory_problem, resolve_auto_micro_batch
+from gpt.metrics import MetricsLogger, peak_flops
+from gpt.model import GPT, param_count
+from gpt.optim import OptimizerSettings, lr_at
+from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.probe import dividing_sizes, probe_micro_batch
 from gpt.profiling import step_profiler
+from gpt.settings import Settings
 from gpt.stop import StopRequest
 from gpt.tokenizer import gpt2_tokenizer
 
 SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
 LOSS_SCALE_AT_MINIMUM = "Current loss scale already at minimum"
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What setup() checked and decided before the process group existed."""
-    settings: Settings  # complete: defaults and --micro_batch auto resolved
-    ds_config: dict
-    model_config: GPTConfig
-    grad_accum: int
-    device: torch.device
-    run_config: dict  # what this run's checkpoints record about it
-    resume_from: Path | None
-    hellaswag_examples: list
-    resume_kind: str | None = None  # how resume_from loads: checkpoint.resume_kind
-    auto_plan: dict | None = None  # --micro_batch auto's plan, which probe() checks on a GPU
-    lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/run_lock.py)
 
 
 @dataclass
@@ -77,97 +61,29 @@ class DiskProblem(StopTraining):
     """A write failed on a full or read-only disk: on this rank, maybe not on the others."""
 
 
-def print0(text):
-    """Print from rank 0 only; works before the process group exists too."""
-    if dist.launched_rank() == 0:
-        say(text)
-
-
-def fail(message, code=2, every_rank=False):
-    """One clear message (from rank 0, or from each rank, prefixed, when ranks fail apart) and a non-zero
-    exit, on every rank."""
-    if every_rank and dist.launched_world_size() > 1:
-        message = f"[rank {dist.launched_rank()}] {message}"
-    if every_rank or dist.launched_rank() == 0:
-        say(f"error: {message}".replace("\n", "\nerror: "), sys.stderr)
-    sys.exit(code)
-
-
-def run_config_of(settings, ds_config, model_config, world_size):
-    """What a checkpoint records about the run that wrote it; the train shards' fingerprints let the next
-    resume see, before launch, whether its data position still points into the same tokens."""
-    return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": precision(ds_config),
-            "zero_stage": zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
-            "data": fingerprints(find_shards(settings.data, "train"))}
-
-
 def setup(settings):
-    """Validate every setting and the checkpoint to resume from before any process group exists, then
-    join the process group."""
-    world_size = dist.launched_world_size()
+    """Every check before launch (gpt/preflight.py), then rank 0 takes out_dir's lock (and converts a checkpoint to
+    resume on another layout), and every rank joins the process group."""
+    world_size = launched_world_size()
     device_type = dist.device_type()
     if device_type == "cuda":
-        print0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
+        say0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
-        checkpoint.check_writable(settings.out_dir, settings.data)
-        run_lock.check_unlocked(settings.out_dir)
-        if not settings.resume:
-            checkpoint.check_fresh_out_dir(settings.out_dir)  # again under the lock, below: this one writes nothing
-        resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
-        saved = checkpoint.read_run_config(resume_from) if resume_from else None
-        if saved:
-            checkpoint.check_init_from(resume_from, saved, settings.init_from)
-        if saved and settings.warmup_steps is None:  # the default depends on --max_steps, which a resume may raise
-            settings = replace(settings, warmup_steps=saved["args"]["warmup_steps"])
-        settings, notes = resolve_defaults(settings, device_type)
-        for note in notes:
-            print0(note)
-        auto_plan = None
-        if (settings.micro_batch == "auto" and saved and saved["world_size"] == world_size
-                and checkpoint.format_of(saved) < checkpoint.FORMAT):  # its data order depends on the micro-batch
-            settings = replace(settings, micro_batch=saved["args"]["micro_batch"])
-            print0(f"--micro_batch auto: {settings.micro_batch}, as the checkpoint was saved with (it is older than "
-                   f"data positions that any micro-batch continues)")
-        elif settings.micro_batch == "auto":
-            if number_problems(settings):  # the plan needs sane numbers; validate() below lists them all
-                validate(settings, world_size, device_type)
-            settings, auto_plan, text = resolve_auto_micro_batch(settings, world_size, device_type)
-            print0(text)
-        ds_config, model_config, grad_accum = validate(settings, world_size, device_type)
-        too_large = model_memory_problem(model_flags(settings), model_config, ds_config, world_size, device_type)
-        if too_large:  # here, not in validate(): the planner imports gpt.config
-            raise ConfigError(too_large)
-        if dist.launched_rank() == 0:
-            for warning in unfinished_preparations(settings.data):
-                say(warning, sys.stderr)
-        run_config = run_config_of(settings, ds_config, model_config, world_size)
-        kind = None
-        if resume_from is not None:
-            checkpoint.check_compatible(resume_from, saved, run_config)
-            kind = checkpoint.resume_kind(saved, run_config)
-            if kind == "universal":
-                converted = (resume_from / universal.UNIVERSAL).is_dir()  # by an earlier resume: reused
-                problem = None if converted else universal.convert_problem(resume_from)
-                if problem:
-                    raise checkpoint.CheckpointError(problem)
-                ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
-            checkpoint.check_same_data(resume_from, saved, run_config, settings.data, settings.reset_data_position)
-            checkpoint.check_resume_target(resume_from, settings.out_dir)
-            checkpoint.check_steps_left(resume_from, settings.max_steps)
-        checkpoint.check_space(settings.out_dir, resume_from)
-        examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
-    except (ConfigError, checkpoint.CheckpointError, hellaswag.HellaSwagError, run_lock.RunLocked) as e:
-        fail(e)
+        prepared = preflight(settings, world_size, device_type)
+    except BadInput as e:
+        exit_with(e, 2)
+    settings, ds_config, resume_from, kind = (prepared.settings, prepared.ds_config, prepared.resume_from,
+                                              prepared.resume_kind)
     lock, refusal = lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
-    if kind == "universal" and refusal is None and dist.launched_rank() == 0:
+    if kind == "universal" and refusal is None and launched_rank() == 0:
         refusal = convert_to_universal(resume_from)  # the other ranks wait for it in the rendezvous below
-    if refusal and dist.launched_world_size() == 1:
-        fail(refusal)
+    if refusal and launched_world_size() == 1:
+        exit_with(refusal, 2)
     if device_type == "cuda":
         arch_note = hardware.fix_cuda_arch_list()  # every rank, before DeepSpeed JIT-builds FusedAdam
         if arch_note:
-            print0(arch_note)
-    elif precision(ds_config) == "bf16" and dist.launched_rank() == 0:
+            say0(arch_note)
+    elif precision(ds_config) == "bf16" and launched_rank() == 0:
         warning = hardware.cpu_bf16_warning()
         if warning:
             say(warning, sys.stderr)
@@ -175,31 +91,29 @@ def setup(settings):
         hardware.make_deterministic(device_type)
     device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and precision(ds_config) == "fp16",
                                     timeout_s=settings.collective_timeout)
-    if dist.launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
+    if launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
         if dist.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
-            fail(refusal or "refused by rank 0")
+            exit_with(refusal or "refused by rank 0", 2)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
-    return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
-                 device=device, run_config=run_config, resume_from=resume_from, resume_kind=kind,
-                 hellaswag_examples=examples, auto_plan=auto_plan, lock=lock)
+    return replace(prepared, device=device, lock=lock)
 
 
 def lock_out_dir(settings, resume_from):
     """Rank 0 takes out_dir's run lock (gpt/run_lock.py), then checks again, under it, that out_dir holds
     nothing this run would overwrite: a run that checked before another took the lock may find it written to
     now. Returns (the lock or None, why this run is refused or None); other ranks take nothing."""
-    if dist.launched_rank() != 0:
+    if launched_rank() != 0:
         return None, None
     try:
         lock = run_lock.acquire(settings.out_dir)
-    except run_lock.RunLocked as e:
+    except BadInput as e:
         return None, e
     try:
         if not settings.resume:
             checkpoint.check_fresh_out_dir(settings.out_dir)
         elif resume_from is not None:
             checkpoint.check_resume_target(resume_from, settings.out_dir)
-    except checkpoint.CheckpointError as e:
+    except BadInput as e:
         lock.close()
         return None, e
     return lock, None
@@ -215,7 +129,7 @@ def convert_to_universal(path):
     start = time.perf_counter()
     try:
         universal.universal_dir(path)
-    except checkpoint.CheckpointError as e:
+    except BadInput as e:
         return e
     say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s ({target})")
     return None
@@ -235,15 +149,15 @@ def probe(setup):
     candidates = dividing_sizes(settings.total_batch_tokens, settings.seq_len, world_size, plan["micro_batch"])
     probed = probe_micro_batch(
         lambda micro_batch: ds_engine.initialize(new_model(setup)[0], setup.ds_config, micro_batch, 1,
-                                                 settings.optimizer),
-        candidates, settings.seq_len, setup.model_config.vocab_size, setup.device, log=print0)
+                                                 OptimizerSettings.of(settings)),
+        candidates, settings.seq_len, setup.model_config.vocab_size, setup.device, log=say0)
     torch.manual_seed(settings.seed)  # the probe drew random numbers: the same initial weights as without it
     if probed is None:
-        fail(f"--micro_batch auto: even micro-batch {candidates[0]} runs out of memory on this GPU; use ZeRO-2, "
-             f"activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more GPUs")
+        exit_with(f"--micro_batch auto: even micro-batch {candidates[0]} runs out of memory on this GPU; use ZeRO-2, "
+                  f"activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more GPUs", 2)
     settings = replace(settings, micro_batch=probed)
     grad_accum = gradient_accumulation(settings, world_size)
-    print0(f"--micro_batch auto: planned {plan['micro_batch']} (largest fitting the plan: {plan['max_micro_batch']}), "
+    say0(f"--micro_batch auto: planned {plan['micro_batch']} (largest fitting the plan: {plan['max_micro_batch']}), "
            f"probed {probed}: micro_batch {probed} x grad_accum {grad_accum}")
     return replace(setup, settings=settings, grad_accum=grad_accum,
                    run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
@@ -254,8 +168,8 @@ def build(setup):
     model, loss_label = new_model(setup)
     if settings.init_from:
         model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
-        print0(f"initial weights from {settings.init_from}")
-    engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, settings.optimizer)
+        say0(f"initial weights from {settings.init_from}")
+    engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, OptimizerSettings.of(settings))
     if settings.compile:
         engine.compile()
     rank, world_size = dist.rank(), dist.world_size()
@@ -270,13 +184,13 @@ def build(setup):
     guard_active = install_grad_norm_hook(engine, guard)
     peak, peak_label = peak_flops(setup.device.type, precision(setup.ds_config))
     logger = MetricsLogger(settings.out_dir, enabled=rank == 0)
-    print0(f"model {settings.model}: {model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
-    print0(f"{precision(setup.ds_config)}, ZeRO {engine.zero_optimization_stage()}, "
+    say0(f"model {settings.model}: {model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
+    say0(f"{precision(setup.ds_config)}, ZeRO {engine.zero_optimization_stage()}, "
            f"{type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, {world_size} rank(s) x "
            f"micro_batch {settings.micro_batch} x seq_len {settings.seq_len} x grad_accum {setup.grad_accum} "
            f"= {settings.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
-    print0(f"loss: {settings.loss} ({loss_label})")
-    print0(f"data {settings.data}: {len(train_loader.shards)} train shard(s), "
+    say0(f"loss: {settings.loss} ({loss_label})")
+    say0(f"data {settings.data}: {len(train_loader.shards)} train shard(s), "
            f"{sum(train_loader.batches_per_shard):,} steps/epoch; "
            + (f"validation on {len(val_set)} sequences of {settings.seq_len} tokens" if val_set else "no validation"))
     return Run(settings=settings, engine=engine, model=model, train_loader=train_loader, val_set=val_set,
@@ -292,7 +206,7 @@ def resume(run, path, kind):
     stage: all but the RNG. 'weights': the weights only (a checkpoint too old to convert)."""
     if path is None:
         if run.settings.resume:
-            print0(f"--resume {run.settings.resume}: no checkpoint in "
+            say0(f"--resume {run.settings.resume}: no checkpoint in "
                    f"{checkpoint.checkpoint_dir(run.settings.out_dir)}; fresh start")
         return 0
     saved = checkpoint.read_run_config(path)
@@ -313,7 +227,7 @@ def resume(run, path, kind):
               f"{run.world_size} with ZeRO {run.engine.zero_optimization_stage()}")
     if kind == "weights":
         set_schedule_position(run, step)
-        print0(f"resumed from {path} at step {step} with WEIGHTS ONLY ({layout}; saved before checkpoints recorded "
+        say0(f"resumed from {path} at step {step} with WEIGHTS ONLY ({layout}; saved before checkpoints recorded "
                f"what a conversion needs): optimizer moments restart from zero; schedule; {position}")
         return step
     if kind == "exact":
@@ -324,10 +238,10 @@ def resume(run, path, kind):
                else "ZeRO 0 keeps it whole")
         loaded = (f"weights, fp32 master weights, Adam's moments ({how}), schedule and {position}; not the RNG "
                   f"({layout}: the random states were per rank)")
-    print0(f"resumed from {path} at step {step}: {loaded}")
+    say0(f"resumed from {path} at step {step}: {loaded}")
     schedule_changes(run, saved["args"], run.engine.lr_scheduler.last_epoch)
     if saved["args"]["total_batch_tokens"] != run.settings.total_batch_tokens:
-        print0(f"--total_batch_tokens {run.settings.total_batch_tokens:,} (the checkpoint's run had "
+        say0(f"--total_batch_tokens {run.settings.total_batch_tokens:,} (the checkpoint's run had "
                f"{saved['args']['total_batch_tokens']:,}): grad_accum {run.grad_accum} from here on")
     return step
 
@@ -339,8 +253,8 @@ def resume_data(run, path, saved):
         return f"data from the start of epoch {restart_data(run.train_loader, saved)} (--reset_data_position)"
     try:
         note = run.train_loader.load_state_dict(saved)
-    except DataError as e:  # other shards under --data than the checkpoint's run read
-        raise checkpoint.CheckpointError(f"{path}: cannot resume the data position: {e}") from None
+    except BadInput as e:  # other shards under --data than the checkpoint's run read
+        raise BadInput(f"{path}: cannot resume the data position: {e}") from None
     return note or "data position"
 
 
@@ -373,7 +287,7 @@ def schedule_changes(run, saved_args, position):
         return
     set_schedule_position(run, position)
     was = lr_at(position, *(saved_args[flag] for flag in SCHEDULE_FLAGS))
-    print0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on, its cosine decay ending at "
+    say0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on, its cosine decay ending at "
            f"step {run.settings.max_steps}; lr at step {position} is {run.engine.get_lr()[0]:.4g} (was {was:.4g})")
 
 
@@ -413,7 +327,7 @@ def guard_step(run, step, loss, skipped):
     after too many bad steps in a row."""
     bad = run.guard.end_step(loss, skipped)
     if skipped:
-        print0(f"step {step:5d} | update skipped: {run.guard.reason}")
+        say0(f"step {step:5d} | update skipped: {run.guard.reason}")
     if bad:
         raise StopTraining(bad)
 
@@ -443,7 +357,7 @@ def save(run, step):
         if problem is None:
             raise
         raise DiskProblem(f"{problem}; that checkpoint is incomplete and will not be loaded") from None
-    print0(f"step {step:5d} | saved {path} in {time.perf_counter() - start:.2f}s")
+    say0(f"step {step:5d} | saved {path} in {time.perf_counter() - start:.2f}s")
 
 
 def log_samples(run, step):
@@ -477,7 +391,7 @@ def fit(run, start_step, stop):
         if last or stopping or (settings.save_every and (step + 1) % settings.save_every == 0):
             save(run, step)
         if stopping:
-            print0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
+            say0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
             break
     profiler.stop()
     run.train_loader.close()
@@ -532,30 +446,30 @@ def train(settings, stop):
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             if not out_of_memory(e):
                 raise
-            fail(out_of_memory_message(prepared, e), code=1, every_rank=True)
+            exit_with(out_of_memory_message(prepared, e), 1, every_rank=True)
         fit(run, resume(run, prepared.resume_from, prepared.resume_kind), stop)
     except DiskProblem as e:
-        fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)
+        exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", 1, every_rank=True)
     except StopTraining as e:
-        fail(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1)
+        exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", 1)
     except OSError as e:  # metrics.jsonl, TensorBoard's events
         problem = write_problem(e.filename or settings.out_dir, e) if e.errno else None
         if problem is None:
             raise
-        fail(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings)}", code=1, every_rank=True)
-    except (checkpoint.CheckpointError, InteropError) as e:  # what the up-front checks could not see: DeepSpeed's
+        exit_with(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings)}", 1, every_rank=True)
+    except BadInput as e:  # what the up-front checks could not see: DeepSpeed's
         # own load failed, or --init_from's weights (read only here, once) are unreadable or misshapen
-        fail(e, code=1)
+        exit_with(e, 1)
     except Exception as e:
         if dist.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
-            fail(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "
-                 f"Relaunch the whole job with --resume auto; last good checkpoint: "
-                 f"{last_good_checkpoint(settings)}", code=1, every_rank=True)
+            exit_with(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "
+                      f"Relaunch the whole job with --resume auto; last good checkpoint: "
+                      f"{last_good_checkpoint(settings)}", 1, every_rank=True)
         if LOSS_SCALE_AT_MINIMUM not in str(e):
             raise
-        fail("fp16 loss scale fell to its minimum: gradients keep overflowing. Remedies: train in bf16 "
-             "(ds_configs/*_bf16.json) where the GPU has it; raise fp16.hysteresis (e.g. 4) so single "
-             "overflows do not lower the scale; lower fp16.initial_scale_power; lower --lr", code=1)
+        exit_with("fp16 loss scale fell to its minimum: gradients keep overflowing. Remedies: train in bf16 "
+                  "(ds_configs/*_bf16.json) where the GPU has it; raise fp16.hysteresis (e.g. 4) so single "
+                  "overflows do not lower the scale; lower fp16.initial_scale_power; lower --lr", 1)
     finally:
         if prepared.lock is not None:
             prepared.lock.close()  # the kernel would drop it at exit; a process running several runs (tests) needs it now

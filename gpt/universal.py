@@ -30,8 +30,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpt.checkpoint import (MODEL_STATES, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, CheckpointError, brief,
-                            is_universal, model_states)
+from gpt.checkpoint import (MODEL_STATES, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, brief, is_universal, model_states)
+from gpt.console import BadInput
 from gpt.disk import free_bytes, megabytes, write_problem
 
 __all__ = ["UNIVERSAL", "convert_problem", "universal_dir", "is_universal", "load"]
@@ -61,7 +61,7 @@ def convert_problem(step_dir):
                 f"whole in {MODEL_STATES}, with nothing to convert")
     try:
         state = model_states(step_dir)
-    except CheckpointError as e:
+    except BadInput as e:
         return str(e)
     if UNIVERSAL_CHECKPOINT_INFO not in state:
         return (f"{step_dir}: saved before checkpoints recorded {UNIVERSAL_CHECKPOINT_INFO}, which DeepSpeed's "
@@ -87,7 +87,7 @@ def universal_dir(step_dir):
     """step_dir/universal, converted from the checkpoint first unless it is there already (then reused as it
     is). Rank 0 only, before the ranks load it: it needs no process group. DeepSpeed's progress goes to stderr
     (stdout is the run's log). On any failure the temporary directory is removed, the checkpoint's own files are
-    untouched, and a CheckpointError says in one line which checkpoint and why."""
+    untouched, and a BadInput says in one line which checkpoint and why."""
     from deepspeed.checkpoint import ds_to_universal
 
     step_dir = Path(step_dir)
@@ -97,8 +97,8 @@ def universal_dir(step_dir):
         return target
     problem = convert_problem(step_dir)
     if problem:
-        raise CheckpointError(f"{step_dir}: cannot convert it to a universal checkpoint: "
-                              f"{problem.removeprefix(f'{step_dir}: ')}")
+        raise BadInput(f"{step_dir}: cannot convert it to a universal checkpoint: "
+                       f"{problem.removeprefix(f'{step_dir}: ')}")
     # The converter writes `latest_universal` beside its output folder: a folder inside the temporary one keeps
     # that file out of the step directory too.
     output = temporary / UNIVERSAL
@@ -115,8 +115,8 @@ def universal_dir(step_dir):
         disk = write_problem(temporary, e) if isinstance(e, (OSError, RuntimeError)) else None
         shutil.rmtree(temporary, ignore_errors=True)
         why = disk.removeprefix(f"{temporary}: ") if disk else brief(e)
-        raise CheckpointError(f"{step_dir}: could not convert it to a universal checkpoint ({why}); the checkpoint "
-                              f"is untouched") from None
+        raise BadInput(f"{step_dir}: could not convert it to a universal checkpoint ({why}); the checkpoint "
+                       f"is untouched") from None
     except BaseException:  # KeyboardInterrupt, SystemExit: leave nothing half-made either
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -131,17 +131,17 @@ def load(engine, step_dir):
     step_dir = Path(step_dir)
     path = step_dir if is_universal(step_dir) else step_dir / UNIVERSAL
     if not engine.load_universal_checkpoint():
-        raise CheckpointError(f"{path}: the engine was built without \"checkpoint\": {{\"load_universal\": true}} "
-                              f"in its DeepSpeed config, so it cannot load a universal checkpoint")
+        raise BadInput(f"{path}: the engine was built without \"checkpoint\": {{\"load_universal\": true}} "
+                       f"in its DeepSpeed config, so it cannot load a universal checkpoint")
     if not engine.zero_optimization_stage():  # DeepSpeed would load nothing into it, silently
-        raise CheckpointError(f"{path}: a universal checkpoint loads into a ZeRO stage 1 or 2 engine, not stage 0")
+        raise BadInput(f"{path}: a universal checkpoint loads into a ZeRO stage 1 or 2 engine, not stage 0")
     if not is_universal(path):
-        raise CheckpointError(f"{path}: not a universal checkpoint (no {ZERO}/ and {MODEL_STATES})")
+        raise BadInput(f"{path}: not a universal checkpoint (no {ZERO}/ and {MODEL_STATES})")
     try:
         loaded, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                                       load_lr_scheduler_states=True)
     except (AssertionError, ValueError, *UNREADABLE) as e:
-        raise CheckpointError(f"{path}: DeepSpeed could not load this universal checkpoint ({brief(e)})") from None
+        raise BadInput(f"{path}: DeepSpeed could not load this universal checkpoint ({brief(e)})") from None
     if loaded is None:
-        raise CheckpointError(f"{path}: DeepSpeed could not load this universal checkpoint")
+        raise BadInput(f"{path}: DeepSpeed could not load this universal checkpoint")
     return client_state

@@ -12,7 +12,7 @@ import torch
 
 from gpt import loss as losses
 from gpt import trainer
-from gpt.config import parse
+from gpt.commands.train import parse
 from gpt.model import GPT
 
 LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forward pass

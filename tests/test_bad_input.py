@@ -15,10 +15,12 @@ import torch
 
 import train_ds
 from conftest import REPO, free_port, out_dir_of, two_rank_run
-from gpt.config import parse, resolve_defaults, validate
 from gpt import dist
+from gpt.commands.train import parse
+from gpt.console import BadInput
 from gpt.data import write_shard
 from gpt.plan import device_total_bytes
+from gpt.preflight import model_config, resolve_defaults, validate
 
 
 @pytest.fixture
@@ -549,7 +551,7 @@ def test_init_from_with_a_resume_of_a_run_that_started_there_is_a_relaunch(tmp_p
     from gpt import checkpoint
     hf = hf_dir(tmp_path)
     checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": hf}}, hf)
-    with pytest.raises(checkpoint.CheckpointError):
+    with pytest.raises(BadInput):
         checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": None}}, hf)
 
 
@@ -668,7 +670,7 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
     from gpt import ds_config as dsc, trainer
     settings = parse(["--model", "tiny", "--vocab_size", "1000000", "--ds_config", "ds_configs/zero2_fp32.json"])
     prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.ds_config), lock=None,
-                               model_config=settings.model_config)
+                               model_config=model_config(settings))
     monkeypatch.setattr(trainer, "prepare", lambda settings: prepared)
 
     def build(prepared):

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import HALF, REPO, TINY, free_port, succeeded, train, two_rank_run, write_ds_config
 from gpt import checkpoint
+from gpt.console import BadInput
 
 RESUMABLE = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "3", "--keep_last", "5"]
 
@@ -105,7 +106,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, s
     (ckpt / "step_00000003" / "complete.json").unlink()
     (ckpt / "latest").write_text("step_00000003")
     assert checkpoint.find_checkpoint("auto", tmp_path) == ckpt / "step_00000001"
-    with pytest.raises(checkpoint.CheckpointError, match="incomplete checkpoint"):
+    with pytest.raises(BadInput, match="incomplete checkpoint"):
         checkpoint.find_checkpoint(str(ckpt / "step_00000003"), tmp_path)
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512",
                           "--save_every", "2", "--resume", "auto")
@@ -129,10 +130,10 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
                                        f"missing); falling back to the one before it\n")
     assert checkpoint.read_weights(ckpt)[0].keys() == checkpoint.read_weights(ckpt / "step_00000001")[0].keys()
     assert "step_00000005: damaged" in capsys.readouterr().err  # gpt-export and gpt-sample read through here
-    with pytest.raises(checkpoint.CheckpointError, match=f"step_00000005: damaged checkpoint \\({optim.name} is "
+    with pytest.raises(BadInput, match=f"step_00000005: damaged checkpoint \\({optim.name} is "
                                                          f"missing\\); give its parent directory"):
         checkpoint.find_checkpoint(str(ckpt / "step_00000005"), tmp_path)
-    with pytest.raises(checkpoint.CheckpointError, match="holds later checkpoints \\(up to step_00000003\\) that "
+    with pytest.raises(BadInput, match="holds later checkpoints \\(up to step_00000003\\) that "
                                                          "this run would overwrite: resume it into another --out_dir"):
         checkpoint.check_resume_target(ckpt / "step_00000001", tmp_path)
     model = ckpt / "step_00000001" / "mp_rank_00_model_states.pt"

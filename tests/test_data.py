@@ -3,7 +3,8 @@ import struct
 import numpy as np
 import pytest
 
-from gpt.data import DataError, check_shards, find_shards, load_shard, write_shard
+from gpt.console import BadInput
+from gpt.data import check_shards, find_shards, load_shard, write_shard
 from gpt.prepare import SHAKESPEARE_VAL_PLAYS, shakespeare_documents
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -41,16 +42,16 @@ def test_bad_shards_are_named_with_their_problem(tmp_path, corrupt, message):
     path = tmp_path / "bad_train_000001.bin"
     write_shard(path, np.arange(5))
     path.write_bytes(corrupt(path.read_bytes()))
-    with pytest.raises(DataError) as error:
+    with pytest.raises(BadInput) as error:
         load_shard(path)
     assert str(error.value) == f"{path}: {message}"
 
 
 def test_missing_data_and_missing_split_are_clear_errors(tmp_path):
-    with pytest.raises(DataError, match="data directory not found"):
+    with pytest.raises(BadInput, match="data directory not found"):
         find_shards(tmp_path / "nope", "train")
     write_shard(tmp_path / "x_train_000001.bin", np.arange(10))
-    with pytest.raises(DataError) as error:
+    with pytest.raises(BadInput) as error:
         check_shards(tmp_path, vocab_size=50304)
     assert str(error.value) == f"{tmp_path}: no 'val' shards (*_val_*.bin or .npy)"
 
@@ -61,14 +62,14 @@ def test_reads_build_nanogpt_npy_shards(tmp_path):
     (path,) = find_shards(tmp_path, "train")
     assert load_shard(path).tolist() == tokens.tolist()
     np.save(tmp_path / "bad_train_000002.npy", tokens.astype(np.int32))
-    with pytest.raises(DataError, match="expected a 1-D uint16 token array, found 1-D int32"):
+    with pytest.raises(BadInput, match="expected a 1-D uint16 token array, found 1-D int32"):
         load_shard(tmp_path / "bad_train_000002.npy")
 
 
 def test_a_token_outside_the_vocabulary_is_named_with_file_and_position(tmp_path):
     write_shard(tmp_path / "x_val_000000.bin", np.arange(100))
     write_shard(tmp_path / "x_train_000001.bin", np.array([1, 2, 3, 50304, 4]))
-    with pytest.raises(DataError) as error:
+    with pytest.raises(BadInput) as error:
         check_shards(tmp_path, vocab_size=50304)
     assert str(error.value) == (f"{tmp_path / 'x_train_000001.bin'}: token 50304 at position 3 "
                                 f"is >= the vocabulary size 50304")

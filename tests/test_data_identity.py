@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import TINY, train
-from gpt.data import (DataError, ShuffledTokenLoader, find_shards, fingerprints, load_shard, shard_fingerprint,
-                      write_shard)
+from gpt.console import BadInput
+from gpt.data import ShuffledTokenLoader, find_shards, fingerprints, load_shard, shard_fingerprint, write_shard
 
 RUN = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512"]
 SHARD = "shakespeare_train_000001.bin"
@@ -112,7 +112,7 @@ def test_the_loader_refuses_a_saved_position_in_changed_shards(tmp_path):
     write_shard(data / "x_train_000001.bin", np.arange(3000) % 499)
     loader = ShuffledTokenLoader(find_shards(data, "train"), micro_batch=2, seq_len=16, prefetch=1)
     try:
-        with pytest.raises(DataError) as error:
+        with pytest.raises(BadInput) as error:
             loader.load_state_dict(state)
         assert str(error.value) == ("the shards changed since the loader state was saved (x_train_000001.bin holds "
                                     "other tokens in the same 7,024 bytes)")

@@ -10,8 +10,9 @@ from gpt import checkpoint
 from gpt import ds_config as dsc
 from gpt import plan
 from gpt.commands import plan as plan_command
-from gpt.config import parse, resolve_defaults, validate
-from gpt.trainer import run_config_of
+from gpt.commands.train import parse
+from gpt.console import BadInput
+from gpt.preflight import resolve_defaults, run_config_of, validate
 
 FP32 = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
 
@@ -25,7 +26,7 @@ def write(tmp_path, content, name="ds.json"):
 def test_duplicate_keys_are_named_at_every_depth(tmp_path):
     path = write(tmp_path, '{"zero_optimization": {"stage": 1, "stage": 2}, "steps_per_print": 1, '
                            '"optimizer": {"params": {"betas": [{"a": 1, "a": 2}]}}, "steps_per_print": 2}')
-    with pytest.raises(dsc.DeepSpeedConfigError) as error:
+    with pytest.raises(BadInput) as error:
         dsc.load(path)
     assert str(error.value).splitlines() == [
         f"{path}: duplicate key 'steps_per_print' (DeepSpeed would use the last one, silently)",
@@ -40,7 +41,7 @@ def test_a_config_without_duplicates_loads_as_plain_dicts(tmp_path):
 
 def test_bytes_that_are_not_utf8_are_one_line_with_their_offset(tmp_path):
     path = write(tmp_path, b'{"steps_per_print": 1, "x": "caf\xe9"}')
-    with pytest.raises(dsc.DeepSpeedConfigError, match=r"^.*ds\.json: not UTF-8 text \(byte 0xe9 at offset 32\)$"):
+    with pytest.raises(BadInput, match=r"^.*ds\.json: not UTF-8 text \(byte 0xe9 at offset 32\)$"):
         dsc.load(path)
 
 

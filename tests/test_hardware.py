@@ -9,7 +9,9 @@ import pytest
 
 from conftest import HALF, NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
 from gpt import dist, hardware
-from gpt.config import GPT3_WARMUP_STEPS, parse, resolve_defaults
+from gpt.commands.train import parse
+from gpt.preflight import resolve_defaults
+from gpt.settings import GPT3_WARMUP_STEPS
 
 
 @pytest.mark.skipif(dist.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from conftest import REPO, TINY, succeeded, train, two_rank_run, write_ds_config
 from gpt import hellaswag
 from gpt.commands.eval import main as evaluate_main
+from gpt.console import BadInput
 from gpt.model import GPT, PRESETS
 
 
@@ -75,7 +76,7 @@ def test_an_ending_longer_than_the_block_scores_its_last_tokens():
 def test_bad_bin_files(hellaswag_files, tmp_path, corrupt, message):
     path = tmp_path / "bad.bin"
     path.write_bytes(corrupt((hellaswag_files / "hellaswag_val.bin").read_bytes()))
-    with pytest.raises(hellaswag.HellaSwagError) as error:
+    with pytest.raises(BadInput) as error:
         hellaswag.load(path)
     assert str(error.value) == f"{path}: {message}"
 
@@ -83,9 +84,9 @@ def test_bad_bin_files(hellaswag_files, tmp_path, corrupt, message):
 def test_bad_jsonl_and_missing_files(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"ctx": "a", "endings": ["b"] * 4, "label": 1}) + "\n" + '{"ctx": "a"}\n')
-    with pytest.raises(hellaswag.HellaSwagError, match=r"bad.jsonl:2: no 'endings' field"):
+    with pytest.raises(BadInput, match=r"bad.jsonl:2: no 'endings' field"):
         hellaswag.load(path)
-    with pytest.raises(hellaswag.HellaSwagError, match="nope.jsonl: file not found"):
+    with pytest.raises(BadInput, match="nope.jsonl: file not found"):
         hellaswag.load(tmp_path / "nope.jsonl")
 
 

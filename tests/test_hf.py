@@ -8,7 +8,8 @@ import transformers
 
 from conftest import TINY, train
 from gpt.checkpoint import read_weights
-from gpt.hf import InteropError, export, load_hf_weights
+from gpt.console import BadInput
+from gpt.hf import export, load_hf_weights
 from gpt.model import GPT, PRESETS
 
 
@@ -53,14 +54,14 @@ def test_training_starts_from_a_hf_directory(trained_checkpoint, tmp_path, shake
 
 def test_a_directory_of_another_shape_is_a_clear_error(trained_checkpoint, tmp_path):
     export(trained_checkpoint, tmp_path / "hf")
-    with pytest.raises(InteropError) as error:
+    with pytest.raises(BadInput) as error:
         load_hf_weights(tmp_path / "hf", PRESETS["d12"])
     assert str(error.value) == (f"{tmp_path / 'hf'}: does not fit the model: n_layer 2 there, 12 here; "
                                 f"n_head 2 there, 12 here; n_embd 64 there, 768 here; "
                                 f"n_positions 256 there, block_size 1024 here")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(InteropError, match="model_type 'llama', expected 'gpt2'"):
+    with pytest.raises(BadInput, match="model_type 'llama', expected 'gpt2'"):
         load_hf_weights(tmp_path / "other", PRESETS["tiny"])
-    with pytest.raises(InteropError, match="no config.json"):
+    with pytest.raises(BadInput, match="no config.json"):
         load_hf_weights(tmp_path, PRESETS["tiny"])

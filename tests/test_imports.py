@@ -53,6 +53,15 @@ def test_the_gpt_import_graph_has_no_cycle():
 
 
 
+def test_the_settings_and_the_console_import_nothing_from_the_project():
+    """Anything may read a run's settings or report bad input without loading the trainer's dependencies."""
+    assert (gpt_imports("settings"), gpt_imports("console")) == (set(), set())
+
+
+def test_the_planner_does_not_import_the_command_line():
+    assert gpt_imports("plan") & {"settings", "preflight", "args", "commands.train", "trainer"} == set()
+
+
 def test_no_library_module_imports_a_command():
     """gpt/commands/ imports the library, never the reverse; a library module's script block may hand
     `python -m gpt.X` over to its command."""

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from gpt.data import DataError, ShuffledTokenLoader, ValidationSet, find_shards, write_shard
+from gpt.console import BadInput
+from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards, write_shard
 
 SEQ, MICRO = 8, 2
 
@@ -142,7 +143,7 @@ def test_another_global_batch_size_continues_with_no_window_read_twice(shards):
 
 def test_a_state_of_other_shards_or_seed_is_refused(shards):
     state = loader(shards, world_size=2).state_dict()
-    with pytest.raises(DataError, match="loader state was saved with seed=0, this run has 1"):
+    with pytest.raises(BadInput, match="loader state was saved with seed=0, this run has 1"):
         loader(shards, seed=1).load_state_dict(state)
 
 

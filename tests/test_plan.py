@@ -12,8 +12,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from conftest import REPO, out_dir_of, plain_shell_env, succeeded, two_rank_run
 from gpt.memory import measure_step_bytes
 from gpt.model import PRESETS, GPTConfig
-from gpt.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, PlanError, make_plan, model_state_bytes,
-                      per_token_bytes, step_bytes)
+from gpt.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, make_plan, model_state_bytes, per_token_bytes, step_bytes)
+from gpt.console import BadInput
 from gpt.ds_config import load as load_ds_config
 
 
@@ -121,7 +121,7 @@ def test_the_plan_holds_every_row_measured_on_a_gpu(report):
         try:
             planned = make_plan(config, report["seq_len"], load_ds_config(REPO / row["ds_config"]), 1, device_bytes,
                                 report["total_batch_tokens"], row["loss"], row["allocator"])["max_micro_batch"]
-        except PlanError:
+        except BadInput:
             planned = 0
         if row["capped_at_budget"]:
             continue  # the GPU fits the whole budget: any plan up to it is safe
@@ -181,7 +181,7 @@ def test_cli_json_and_errors(capsys):
                                  "more GPUs with ZeRO 1 or 2\n")
     code, _, err = gpt_plan(capsys, "--model", "d12")
     assert code == 1 and err.startswith("error: give --gpu (one of a100-40gb")
-    with pytest.raises(PlanError):
+    with pytest.raises(BadInput):
         plan_for("zero1_bf16.json", 0.5)
 
 

@@ -131,11 +131,12 @@ def test_a_directory_where_a_shard_goes_is_one_line_and_leaves_no_partial_file(t
     (out / "corpus_val_000000.bin").mkdir(parents=True)
     with pytest.raises(SystemExit) as exit_info:
         main(["files", str(text), "--out_dir", str(out), "--val_tokens", "50"])
-    assert exit_info.value.code == f"error: {out}/corpus_val_000000.bin: Is a directory"
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {out}/corpus_val_000000.bin: Is a directory"
     assert sorted(p.name for p in out.iterdir()) == ["corpus_val_000000.bin"]  # no .tmp, no progress file
 
 
-def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "out" / "corpus_val_000000.bin.tmp"))
     monkeypatch.setattr("gpt.prepare.write_shard", full)
@@ -143,4 +144,6 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
     text.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS[:20]))
     with pytest.raises(SystemExit) as exit_info:
         main(["files", str(text), "--out_dir", str(tmp_path / "out"), "--val_tokens", "50"])
-    assert exit_info.value.code == f"error: {tmp_path}/out/corpus_val_000000.bin.tmp: no space left on the device"
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"error: {tmp_path}/out/corpus_val_000000.bin.tmp: no space left on the device"

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO, TINY, free_port, train
 from gpt import run_lock
+from gpt.console import BadInput
 
 LONG_RUN = [*TINY, "--max_steps", "500", "--total_batch_tokens", "512", "--save_every", "0"]
 
@@ -107,17 +108,16 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     second finds the first one's files (or the first one still holding it), and is refused."""
     from types import SimpleNamespace
 
-    from gpt import checkpoint
     from gpt.trainer import lock_out_dir
     settings = SimpleNamespace(out_dir=str(tmp_path / "out"), resume=None)
     first, refusal = lock_out_dir(settings, None)
     assert refusal is None
     (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
     lock, refusal = lock_out_dir(settings, None)
-    assert lock is None and isinstance(refusal, run_lock.RunLocked)
+    assert lock is None and isinstance(refusal, BadInput)
     first.close()  # the first run ended
     lock, refusal = lock_out_dir(settings, None)
-    assert lock is None and isinstance(refusal, checkpoint.CheckpointError) and "holds an earlier run" in str(refusal)
+    assert lock is None and isinstance(refusal, BadInput) and "holds an earlier run" in str(refusal)
     run_lock.acquire(settings.out_dir).close()  # the refused run let go of the lock
 
 

@@ -20,6 +20,7 @@ from gpt import engine as ds_engine
 from gpt.commands.eval import main as evaluate_main
 from gpt.commands.export import main as export_main
 from gpt.commands.sample import main as sample_main
+from gpt.console import BadInput
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
 
@@ -213,7 +214,7 @@ def test_what_cannot_be_converted_is_one_line_and_the_checkpoint_stays_untouched
     optim = step_dir / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     os.truncate(optim, optim.stat().st_size // 2)
     before = contents(step_dir)
-    with pytest.raises(checkpoint.CheckpointError) as error:
+    with pytest.raises(BadInput) as error:
         universal.universal_dir(step_dir)
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"{step_dir}: could not convert it to a universal checkpoint (")
@@ -234,7 +235,7 @@ def test_what_cannot_be_converted_is_one_line_and_the_checkpoint_stays_untouched
     with monkeypatch.context() as patch:
         patch.setattr(ds_to_universal, "_save_checkpoint", fill_up)
         before = contents(step_dir)
-        with pytest.raises(checkpoint.CheckpointError) as error:
+        with pytest.raises(BadInput) as error:
             universal.universal_dir(step_dir)
     assert str(error.value) == (f"{step_dir}: could not convert it to a universal checkpoint (no space left on the "
                                 f"device); the checkpoint is untouched")
@@ -246,7 +247,7 @@ def test_what_cannot_be_converted_is_one_line_and_the_checkpoint_stays_untouched
         problem = universal.convert_problem(step_dir)
         assert problem.startswith(f"{step_dir}: no space left on the device for its universal form: 1.0 MB free, "
                                   f"the conversion needs ")
-        with pytest.raises(checkpoint.CheckpointError, match="cannot convert it to a universal checkpoint: no space"):
+        with pytest.raises(BadInput, match="cannot convert it to a universal checkpoint: no space"):
             universal.universal_dir(step_dir)
     with monkeypatch.context() as patch:
         patch.setattr(os, "access", lambda path, mode: Path(path) != step_dir)
@@ -262,7 +263,7 @@ def test_what_cannot_be_converted_is_one_line_and_the_checkpoint_stays_untouched
     assert universal.convert_problem(step_dir) == (
         f"{step_dir}: saved before checkpoints recorded universal_checkpoint_info, which DeepSpeed's converter "
         f"requires (`python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state` can convert it by hand)")
-    with pytest.raises(checkpoint.CheckpointError, match="cannot convert it to a universal checkpoint: saved before"):
+    with pytest.raises(BadInput, match="cannot convert it to a universal checkpoint: saved before"):
         universal.universal_dir(step_dir)
     assert left() == []
 
@@ -310,11 +311,12 @@ def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(t
     torch.save(state, moved / checkpoint.MODEL_STATES)
     with pytest.raises(SystemExit) as exit_info:
         sample_main(["--checkpoint", str(moved)])
-    assert exit_info.value.code == (
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: {moved}: a universal checkpoint whose model shape is unknown: no run_config.json beside it in "
         f"{tmp_path}, and its mp_rank_00_model_states.pt records none (saved before checkpoints did): copy the "
         f"run_config.json of the checkpoint it was made from into {tmp_path}")
-    with pytest.raises(checkpoint.CheckpointError) as error:
+    with pytest.raises(BadInput) as error:
         checkpoint.find_checkpoint(str(path), tmp_path / "run")
     assert str(error.value) == (f"{path}: a universal checkpoint: --resume takes the checkpoint it was made from, "
                                 f"{step_dir}")

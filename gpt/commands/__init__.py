@@ -5,5 +5,5 @@ module imports them, except in the `if __name__ == "__main__"` block that keeps 
 
     prepare.py  gpt-prepare      export.py  gpt-export     plan.py    gpt-plan
     eval.py     gpt-eval         sample.py  gpt-sample     models.py  what gpt-eval and gpt-sample share
-    hardware.py python -m gpt.hardware
+    hardware.py python -m gpt.hardware  train.py   train_ds.py's command line (gpt/settings.py's fields)
 """

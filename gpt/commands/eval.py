@@ -12,16 +12,16 @@ Bad input is one line on stderr and exit status 1, found before the weights are 
 then the model's shape (read without its weights) against them.
 """
 import json
-import sys
 import time
 
 from gpt import hellaswag
-from gpt.args import Parser, exit_if, range_problems
-from gpt.checkpoint import CheckpointError
+from gpt.args import Parser, range_problems
+
 from gpt.commands.models import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
-from gpt.data import DataError, ValidationSet, check_token_range, find_shards
+from gpt.data import ValidationSet, check_token_range, find_shards
 from gpt.evaluate import validation_loss
-from gpt.hf import InteropError
+
+from gpt.console import BadInput, exit_if, exit_with
 from gpt.model import GPT2_VOCAB_SIZE
 
 DEFAULT_VAL_TOKENS = 10 * 2**20
@@ -94,7 +94,7 @@ def main(argv=None):
                 scores = hellaswag.evaluate(model, examples, device, config.block_size, args.batch, progress=True)
                 results.update({f"hellaswag_{k}": v for k, v in scores.items()})
                 results["hellaswag_examples_per_s"] = len(examples) / (time.perf_counter() - start)
-    except (DataError, hellaswag.HellaSwagError, InteropError, CheckpointError) as e:
-        sys.exit(f"error: {e}")
+    except BadInput as e:
+        exit_with(e)
     print(json.dumps(results) if args.json else "\n".join(f"{k:28s} {v:.4f}" if isinstance(v, float)
                                                          else f"{k:28s} {v}" for k, v in results.items()))

@@ -5,11 +5,11 @@
 An --out_dir that already holds a model's files is refused unless --overwrite is given.
 """
 import os
-import sys
 from pathlib import Path
 
-from gpt.args import Parser, exit_if, out_dir_problem, regular_file_problem
+from gpt.args import Parser, out_dir_problem, regular_file_problem
 from gpt.checkpoint import COMPLETE, complete_tags
+from gpt.console import exit_if, exit_with
 from gpt.hf import MODEL_FILES, export
 
 
@@ -43,6 +43,6 @@ def main(argv=None):
     exit_if(check_args(args))
     try:
         out = export(args.checkpoint, args.out_dir)
-    except (ValueError, OSError) as e:  # InteropError, CheckpointError; a full disk
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError) as e:  # BadInput; a full disk
+        exit_with(e)
     print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")

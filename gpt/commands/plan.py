@@ -6,14 +6,16 @@ on this GPU (gpt/measure.py).
 """
 import json
 import math
-import sys
 
 from gpt import ds_config as dsc
-from gpt.args import Parser, exit_if, range_problems
-from gpt.config import GPT3_TOKENS_PER_STEP, TOTAL_BATCH_TOKENS_RANGE, add_model_arguments, model_config
+from gpt.args import Parser, range_problems
+from gpt.commands.train import add_model_arguments
+from gpt.console import BadInput, exit_if, exit_with
 from gpt.loss import LOSSES
 from gpt.memory import trainer_uses_expandable_segments
-from gpt.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, PlanError, format_plan, make_plan
+from gpt.model import preset_config
+from gpt.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan
+from gpt.settings import GPT3_TOKENS_PER_STEP, range_of
 
 
 def build_parser():
@@ -49,7 +51,7 @@ DEFAULT_WORLD_SIZE = 8
 def check_args(args):
     """Everything gpt-plan can check before planning, one line per problem; returns (problems, model config).
     Fills the defaults that depend on --measure."""
-    problems = range_problems(args, [("seq_len", 1, True), ("world_size", 1, True), TOTAL_BATCH_TOKENS_RANGE,
+    problems = range_problems(args, [range_of("seq_len"), ("world_size", 1, True), range_of("total_batch_tokens"),
                                      ("gpu_mem", 0, False), ("n_layer", 1, True), ("n_embd", 1, True),
                                      ("n_head", 1, True)])
     if args.gpu_mem is not None and MAX_GPU_MEM_GIB < args.gpu_mem < math.inf:  # 1e308 GiB: inf bytes, planned
@@ -74,11 +76,8 @@ def check_args(args):
     args.ds_config = args.ds_config or ([] if args.all else [DEFAULT_DS_CONFIG])
     if problems:  # the checks below assume sane numbers
         return problems, None
-    config = model_config(args.model, args.n_layer, args.n_embd, args.n_head)
-    if config.n_embd % config.n_head:
-        problems.append(f"n_embd {config.n_embd} is not divisible by n_head {config.n_head}")
-    if args.seq_len > config.block_size:
-        problems.append(f"--seq_len {args.seq_len} exceeds the model's block_size {config.block_size} ({args.model})")
+    config = preset_config(args.model, args.n_layer, args.n_embd, args.n_head)
+    problems += config.problems(args.seq_len, args.model)
     per_micro_batch = args.seq_len * args.world_size  # tokens of one sequence per rank
     if args.total_batch_tokens % per_micro_batch:
         problems.append(f"--total_batch_tokens {args.total_batch_tokens} is not divisible by seq_len x world = "
@@ -86,7 +85,7 @@ def check_args(args):
     for path in args.ds_config:
         try:
             dsc.load_checked(path)
-        except dsc.DeepSpeedConfigError as e:
+        except BadInput as e:
             problems.append(str(e))
     return problems, config
 
@@ -102,8 +101,8 @@ def main(argv=None):
     try:
         plans = [make_plan(config, args.seq_len, dsc.load_checked(path), args.world_size, device_bytes,
                            args.total_batch_tokens, loss, allocator) for path in args.ds_config for loss in args.loss]
-    except PlanError as e:
-        sys.exit(f"error: {e}")
+    except BadInput as e:
+        exit_with(e)
     if args.json:
         print(json.dumps(plans[0] if len(plans) == 1 else plans))
     else:
@@ -120,7 +119,7 @@ def measure_main(args, config):
         try:
             return make_plan(config, args.seq_len, ds_config, 1, device_bytes, args.total_batch_tokens, loss,
                              allocator)
-        except PlanError:  # not even micro-batch 1 planned to fit: the search starts at 1
+        except BadInput:  # not even micro-batch 1 planned to fit: the search starts at 1
             return None
 
     with measure.stdout_to_stderr():  # DeepSpeed's and NCCL's logs: stdout is the report's

@@ -5,11 +5,11 @@
     python -m gpt.prepare hub HuggingFaceFW/fineweb-edu --hub_config sample-10BT --out_dir data/fineweb_edu
 """
 import os
-import sys
 from pathlib import Path
 
-from gpt.args import Parser, exit_if, range_problems
-from gpt.data import DataError
+from gpt.args import Parser, range_problems
+
+from gpt.console import BadInput, exit_if, exit_with
 from gpt.disk import os_error_line
 from gpt.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
 
@@ -67,8 +67,8 @@ def main(argv=None):
         corpus = SOURCES[args.source](args)
         counts = prepare(corpus, args.out_dir, name, args.shard_tokens, args.val_tokens or args.shard_tokens,
                          args.workers, settings)
-    except DataError as e:
-        sys.exit(f"error: {e}")
+    except BadInput as e:
+        exit_with(e)
     except OSError as e:  # a full disk while writing, a directory where a shard goes
-        sys.exit(f"error: {os_error_line(e, args.out_dir)}")
+        exit_with(os_error_line(e, args.out_dir))
     print(f"{name}: {counts['train']:,} train and {counts['val']:,} val tokens in {args.out_dir}")

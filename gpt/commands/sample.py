@@ -14,11 +14,12 @@ import sys
 
 import torch
 
-from gpt.args import Parser, exit_if, range_problems, seed_problem
-from gpt.checkpoint import CheckpointError
+from gpt.args import Parser, range_problems, seed_problem
+
 from gpt.commands.models import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
 from gpt.evaluate import sample
-from gpt.hf import InteropError
+
+from gpt.console import BadInput, exit_if, exit_with
 from gpt.model import GPT2_VOCAB_SIZE
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -65,8 +66,8 @@ def main(argv=None):
         device = choose_device(args.device)
         precision, autocast = evaluation_precision(device)
         model = load_model(device)
-    except (InteropError, CheckpointError) as e:
-        sys.exit(f"error: {e}")
+    except BadInput as e:
+        exit_with(e)
     print(f"sampling on {device.type} in {precision}", file=sys.stderr)  # stdout holds only the samples
     tokenizer = gpt2_tokenizer()
     prompt = tokenizer.encode_ordinary(args.prompt) or [EOT_TOKEN]  # "" (nothing to continue): a new document

@@ -1,0 +1,26 @@
+"""train_ds.py's command line: a flag per field of gpt.settings.Settings (its default, help and range are
+there), read into Settings. A malformed command line is one `error:` line and exit status 2, as any bad
+training input."""
+from gpt.args import Parser, add_setting_arguments
+from gpt.loss import LOSS_CHOICES
+from gpt.model import PRESETS
+from gpt.settings import Settings
+
+MODEL_FLAGS = ("model", "n_layer", "n_embd", "n_head")  # gpt-plan takes them too
+CHOICES = {"model": sorted(PRESETS), "loss": LOSS_CHOICES}
+
+
+def build_parser():
+    parser = Parser(description="Pretrain GPT-2 with DeepSpeed.", error_status=2)
+    add_setting_arguments(parser, Settings, choices=CHOICES)
+    return parser
+
+
+def add_model_arguments(parser):
+    """The model's shape flags, as the trainer takes them."""
+    add_setting_arguments(parser, Settings, names=MODEL_FLAGS, choices=CHOICES)
+
+
+def parse(argv=None):
+    """The command line (sys.argv without argv) as Settings; a malformed flag exits 2 with one line."""
+    return Settings(**vars(build_parser().parse_args(argv)))
