@@ -63,7 +63,8 @@ from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
 from gpt.metrics import measure_cpu_peak_flops, peak_flops
 from gpt.model import GPT, GPT2_VOCAB_SIZE
 from gpt.loss import LOSS_CHOICES, fused_loss, liger_problem
-from gpt.memory import engine_state_bytes, measure_activation_bytes, peak_memory
+from gpt.measured_bytes import engine_state_bytes, measure_activation_bytes
+from gpt.memory import peak_memory
 from gpt.plan import resident_model_state_bytes
 from gpt.probe import is_out_of_memory
 

@@ -27,7 +27,8 @@ import torch
 from gpt import ds_config as dsc
 from gpt.config import ConfigError
 from gpt.loss import CHUNK_ROWS, memory_kind
-from gpt.memory import expandable_segments, measure_loss_chunk_bytes, measure_step_bytes
+from gpt.allocator import expandable_segments
+from gpt.measured_bytes import measure_loss_chunk_bytes, measure_step_bytes
 from gpt.model import GPTConfig, param_count
 
 MiB, GiB = 2**20, 2**30

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
+from gpt import allocator, checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
 from gpt import engine as ds_engine
 from gpt.config import (ConfigError, Settings, gradient_accumulation, model_flags, number_problems, resolve_defaults,
                         validate)
@@ -107,7 +107,7 @@ def setup(settings):
     world_size = dist.launched_world_size()
     device_type = dist.device_type()
     if device_type == "cuda":
-        print0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
+        print0(allocator.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
         checkpoint.check_writable(settings.out_dir, settings.data)
         run_lock.check_unlocked(settings.out_dir)

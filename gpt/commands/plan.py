@@ -12,7 +12,7 @@ from gpt import ds_config as dsc
 from gpt.args import Parser, exit_if, range_problems
 from gpt.config import GPT3_TOKENS_PER_STEP, TOTAL_BATCH_TOKENS_RANGE, add_model_arguments, model_config
 from gpt.loss import LOSSES
-from gpt.memory import trainer_uses_expandable_segments
+from gpt.allocator import trainer_uses_expandable_segments
 from gpt.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, PlanError, format_plan, make_plan
 
 
