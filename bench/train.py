@@ -57,7 +57,8 @@ from gpt.config import parse
 
 REPO = Path(__file__).resolve().parents[1]
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard
-from gpt.dist import device_type, free_port, return_freed_memory, timed_on_device
+from gpt.dist import device_type, free_port, timed_on_device
+from gpt.host_fixes import return_freed_memory
 from gpt.optim import param_groups
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
 from gpt.metrics import measure_cpu_peak_flops, peak_flops
@@ -552,7 +553,7 @@ def zero_worker(args):
 
 
 def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):
-    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.dist's
+    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.host_fixes's
     keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
     seconds = {"0": [], "1": []}
     for _ in range(rounds):

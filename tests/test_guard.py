@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpt import dist as gpt_dist
 from gpt import engine as ds_engine
+from gpt import host_fixes
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
@@ -22,7 +22,7 @@ def build_engine(config_name, fp32=False):
     if fp32:
         config.pop("bf16"), config.pop("data_types")
     if "fp16" in config:
-        gpt_dist.enable_cpu_fp16()
+        host_fixes.enable_cpu_fp16()
         config["fp16"]["initial_scale_power"] = 6  # so that the 20x spike below is an outlier, not an overflow
     torch.manual_seed(0)
     return ds_engine.initialize(GPT(MODEL), config, micro_batch=2, grad_accum=1, optimizer=OPTIMIZER)
