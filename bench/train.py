@@ -5,7 +5,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
             AdamW step: same model, initial weights, data and dtype, 1 process; on a GPU also both
             under torch.compile
   mfu       model FLOP/s (6N + attention, per token) / the peak: on CPU this CPU's matmul peak, measured
-            here; on a GPU the datasheet's (gpt.metrics.GPU_PEAK_FLOPS)
+            here; on a GPU the datasheet's (gpt.flops.GPU_PEAK_FLOPS)
   zero      ZeRO 0/1/2 on 2 ranks (deepspeed launcher): step time, per-rank model-state bytes
             (measured on the engine, and as the planner predicts them)
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
@@ -61,7 +61,7 @@ from gpt.dist import device_type, free_port, timed_on_device
 from gpt.host_fixes import return_freed_memory
 from gpt.optim import param_groups
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
-from gpt.metrics import measure_cpu_peak_flops, peak_flops
+from gpt.flops import measure_cpu_peak_flops, peak_flops
 from gpt.model import GPT, GPT2_VOCAB_SIZE
 from gpt.loss import LOSS_CHOICES, fused_loss, liger_problem
 from gpt.measured_bytes import engine_state_bytes, measure_activation_bytes

@@ -20,7 +20,8 @@ from gpt.evaluate import sample, validation_loss
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import InteropError, load_hf_weights
 from gpt.loss import model_with_loss
-from gpt.metrics import MetricsLogger, peak_flops, say
+from gpt.flops import peak_flops
+from gpt.metrics import MetricsLogger, say
 from gpt.model import GPT, GPTConfig, param_count
 from gpt.optim import lr_at
 from gpt.plan import model_memory_problem, resolve_auto_micro_batch
