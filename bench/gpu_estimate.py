@@ -11,7 +11,7 @@ tensor cores and H100's much higher peak are harder to keep fed from PyTorch, so
 
 import torch
 
-from gpt.metrics import GPU_PEAK_FLOPS
+from gpt.flops import GPU_PEAK_FLOPS
 from gpt.model import GPT, PRESETS
 
 # (GPU, dtype, assumed MFU low and high)

@@ -5,7 +5,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
             AdamW step: same model, initial weights, data and dtype, 1 process; on a GPU also both
             under torch.compile
   mfu       model FLOP/s (6N + attention, per token) / the peak: on CPU this CPU's matmul peak, measured
-            here; on a GPU the datasheet's (gpt.metrics.GPU_PEAK_FLOPS)
+            here; on a GPU the datasheet's (gpt.flops.GPU_PEAK_FLOPS)
   zero      ZeRO 0/1/2 on 2 ranks (deepspeed launcher): step time, per-rank model-state bytes
             (measured on the engine, and as the planner predicts them)
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
@@ -57,13 +57,15 @@ from gpt.commands.train import parse
 
 REPO = Path(__file__).resolve().parents[1]
 from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard
-from gpt.dist import device_type, free_port, return_freed_memory, timed_on_device
+from gpt.dist import device_type, free_port, timed_on_device
+from gpt.host_fixes import return_freed_memory
 from gpt.optim import OptimizerSettings, param_groups
 from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
-from gpt.metrics import measure_cpu_peak_flops, peak_flops
+from gpt.flops import measure_cpu_peak_flops, peak_flops
 from gpt.model import GPT, GPT2_VOCAB_SIZE
 from gpt.loss import LOSS_CHOICES, fused_loss, liger_problem
-from gpt.memory import engine_state_bytes, measure_activation_bytes, peak_memory
+from gpt.measured_bytes import engine_state_bytes, measure_activation_bytes
+from gpt.memory import peak_memory
 from gpt.plan import resident_model_state_bytes
 from gpt.probe import is_out_of_memory
 
@@ -551,7 +553,7 @@ def zero_worker(args):
 
 
 def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):
-    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.dist's
+    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.host_fixes's
     keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
     seconds = {"0": [], "1": []}
     for _ in range(rounds):

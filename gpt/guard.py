@@ -71,23 +71,27 @@ class SpikeGuard:
         return None
 
 
-_STEPPING = []  # the guard of the BF16_Optimizer step in progress, set around that optimizer's step()
+def _swap_in_guarded_norm(bf16_optimizer, guard):
+    """Make bf16_optimizer's module function get_global_norm_of_tensors report through guard.filter_grad_norm;
+    returns what it was, to put back. A function already swapped in (a step inside a step) is unwrapped
+    first, so that a norm answers to one guard only: the one of the step computing it."""
+    current = bf16_optimizer.get_global_norm_of_tensors
+    compute = getattr(current, "unguarded", current)
 
-
-def _guarded_global_norm(compute):
-    """bf16_optimizer's get_global_norm_of_tensors through the guard of the BF16_Optimizer stepping now, if any:
-    the module function is shared by every BF16_Optimizer in the process, each with its own run and guard."""
     def global_norm(*args, **kwargs):
-        norm = compute(*args, **kwargs)
-        return _STEPPING[-1].filter_grad_norm(norm) if _STEPPING else norm
-    global_norm.guarded = True
-    return global_norm
+        return guard.filter_grad_norm(compute(*args, **kwargs))
+    global_norm.unguarded = compute
+    bf16_optimizer.get_global_norm_of_tensors = global_norm
+    return current
 
 
 def install_grad_norm_hook(engine, guard):
-    """Route the optimizer's global gradient norm through guard.filter_grad_norm. DeepSpeed 0.19 computes
-    it in DeepSpeedZeroOptimizer.scaled_global_norm (ZeRO 1/2) and, for BF16_Optimizer (bf16 + ZeRO-1 +
-    fp32 accumulation), through the module function get_global_norm_of_tensors inside its step()."""
+    """Route the engine's optimizer's global gradient norm through guard.filter_grad_norm. DeepSpeed 0.19
+    computes it in DeepSpeedZeroOptimizer.scaled_global_norm (ZeRO 1/2: this optimizer's attribute is wrapped)
+    and, for BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation), through the module function
+    get_global_norm_of_tensors inside its step(): shared by every BF16_Optimizer in the process (the tests and
+    the bench build many engines), so this optimizer's step swaps a guarded one in for that step only and
+    puts the previous one back when the step ends, however it ends."""
     import deepspeed.runtime.bf16_optimizer as bf16_optimizer
 
     optimizer = engine.optimizer
@@ -96,16 +100,14 @@ def install_grad_norm_hook(engine, guard):
         optimizer.scaled_global_norm = lambda *a, **k: guard.filter_grad_norm(compute(*a, **k), optimizer.loss_scale)
         return True
     if isinstance(optimizer, bf16_optimizer.BF16_Optimizer):
-        if not getattr(bf16_optimizer.get_global_norm_of_tensors, "guarded", False):  # once per process
-            bf16_optimizer.get_global_norm_of_tensors = _guarded_global_norm(bf16_optimizer.get_global_norm_of_tensors)
         step = optimizer.step
 
         def guarded_step(*args, **kwargs):
-            _STEPPING.append(guard)
+            previous = _swap_in_guarded_norm(bf16_optimizer, guard)
             try:
                 return step(*args, **kwargs)
             finally:
-                _STEPPING.pop()
+                bf16_optimizer.get_global_norm_of_tensors = previous
         optimizer.step = guarded_step
         return True
     return False  # ZeRO-0 optimizers: no skip path to reuse, so no guard

@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from gpt.metrics import measure_cpu_peak_flops
+from gpt.flops import measure_cpu_peak_flops
 
 # A bf16 matmul slower than fp32 by more than this is emulated (no AVX512-BF16/AMX): ~100x on an AVX2-only
 # AMD EPYC, where AMX Xeons run bf16 3-5x *faster* than fp32 and AVX-512 CPUs without bf16 units about as

@@ -1,7 +1,7 @@
 """What killed runs leave on a machine, removed at start-up once nothing alive holds it.
 
 - DeepSpeed's CPU shared-memory allreduce: a 66 MB /dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}
-  per rank, unlinked by nobody (gpt.dist removes a rank's own at a normal exit; a SIGKILLed rank leaks it).
+  per rank, unlinked by nobody (gpt.host_fixes removes a rank's own at a normal exit; a SIGKILLed rank leaks it).
 - torch's JIT extension builds (DeepSpeed's FusedAdam, its shm allreduce op): a `lock` file in the build
   directory, created with O_EXCL and held open by the builder until the build ends; a killed build leaves
   it, and every later build of that op waits for it forever, silently (torch's FileBaton).

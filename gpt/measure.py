@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from gpt import ds_config as dsc
+from gpt.console import exit_with
 from gpt.loss import model_with_loss
 from gpt.probe import dividing_sizes, search_largest, try_step, verdict
 
@@ -156,20 +157,21 @@ def format_report(report):
 def run(args, config, plan_for):
     """gpt-plan --measure on this machine's GPU (gpt.plan.main has checked the flags): the report, or a
     one-line reason on stderr and exit 1. plan_for(ds_config, loss, allocator, device_bytes) is the plan."""
-    from gpt import dist, memory
+    from gpt import dist
+    from gpt.allocator import expandable_segments, set_allocator, use_expandable_segments
 
     if not torch.cuda.is_available():
-        sys.exit("error: --measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is "
-                 "False); without --measure, gpt-plan plans for the GPU you name")
+        exit_with("--measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is "
+                  "False); without --measure, gpt-plan plans for the GPU you name")
     if args.allocator:  # before CUDA's allocator starts
-        memory.set_allocator(args.allocator == "expandable_segments")
+        set_allocator(args.allocator == "expandable_segments")
     else:
-        memory.use_expandable_segments()
+        use_expandable_segments()
     if dist.device_type() != "cuda":
-        sys.exit(f"error: --measure: DeepSpeed's accelerator is {dist.device_type()!r}, not 'cuda' (DS_ACCELERATOR?)")
+        exit_with(f"--measure: DeepSpeed's accelerator is {dist.device_type()!r}, not 'cuda' (DS_ACCELERATOR?)")
     ds_configs = configs_for_gpu() if args.all else args.ds_config
     if not ds_configs:
-        sys.exit("error: --all: no ds_configs/*.json for this GPU's precisions here (run from the repository root)")
+        exit_with("--all: no ds_configs/*.json for this GPU's precisions here (run from the repository root)")
     from deepspeed.utils import logger
 
     from gpt import engine as ds_engine
@@ -184,9 +186,9 @@ def run(args, config, plan_for):
     try:
         cap, outside = cap_allocator(args.gpu_mem)
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        exit_with(e)
     total = torch.cuda.get_device_properties(device).total_memory
-    allocator = "expandable_segments" if memory.expandable_segments() else "default"
+    allocator = "expandable_segments" if expandable_segments() else "default"
     report = report_header(torch.cuda.get_device_name(device), total, outside, cap, args.model, config, args.seq_len,
                            args.total_batch_tokens)
     optimizer = OptimizerSettings(6e-4, 0.1, 10, 100, 0.1)  # memory does not depend on the schedule

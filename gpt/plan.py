@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from gpt import ds_config as dsc
+from gpt.allocator import expandable_segments
 from gpt.console import BadInput
 from gpt.loss import CHUNK_ROWS
-from gpt.memory import expandable_segments, measure_loss_chunk_bytes, measure_step_bytes
+from gpt.measured_bytes import measure_loss_chunk_bytes, measure_step_bytes
 from gpt.model import GPTConfig, param_count
 
 MiB, GiB = 2**20, 2**30

@@ -157,9 +157,9 @@ class StopRequest:
         """The main thread is stuck where no Python runs: say so, release what a run holds, exit."""
         if os.environ.get("LOCAL_RANK", "0") == "0" and not self._leaving:  # else the interpreter said it
             os.write(2, f"{self.message()} (the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s)\n".encode())
-        dist = sys.modules.get("gpt.dist")  # never import here: the main thread may hold the import lock
-        if dist is not None:
-            dist.release_cpu_comm_buffer()
+        host_fixes = sys.modules.get("gpt.host_fixes")  # never import here: the main thread may hold the import lock
+        if host_fixes is not None:
+            host_fixes.release_cpu_comm_buffer()
         os._exit(1)
 
     def started(self):

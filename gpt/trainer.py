@@ -9,17 +9,18 @@ from pathlib import Path
 
 import torch
 
-from gpt import checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
+from gpt import allocator, checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
 from gpt import engine as ds_engine
 from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.disk import write_problem
 from gpt.ds_config import precision, zero_stage
 from gpt.evaluate import sample, validation_loss
+from gpt.flops import peak_flops
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
 from gpt.loss import model_with_loss
-from gpt.metrics import MetricsLogger, peak_flops
+from gpt.metrics import MetricsLogger
 from gpt.model import GPT, param_count
 from gpt.optim import OptimizerSettings, lr_at
 from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
@@ -67,7 +68,7 @@ def setup(settings):
     world_size = launched_world_size()
     device_type = dist.device_type()
     if device_type == "cuda":
-        say0(memory.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
+        say0(allocator.use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
         prepared = preflight(settings, world_size, device_type)
     except BadInput as e:

@@ -12,7 +12,7 @@ from gpt import dist as gpt_dist
 from gpt import engine as ds_engine
 from gpt.ds_config import precision
 from gpt.model import GPT, GPTConfig
-from gpt.memory import engine_state_bytes
+from gpt.measured_bytes import engine_state_bytes
 from gpt.optim import OptimizerSettings
 from gpt.plan import resident_model_state_bytes
 

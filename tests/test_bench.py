@@ -122,7 +122,7 @@ def test_bench_smoke_loss_speed_and_deterministic(request, tmp_path, device):
     for row in speed:
         assert row["tokens_per_step"] == 2 * 2 * 64 and row["tokens_per_s"] > 0 and row["plain_tokens_per_s"] > 0
         assert row["ratio_to_plain"] == pytest.approx(row["tokens_per_s"] / row["plain_tokens_per_s"])
-        if device == "cpu" or row["mfu"] is not None:  # None: a GPU not in gpt.metrics.GPU_PEAK_FLOPS
+        if device == "cpu" or row["mfu"] is not None:  # None: a GPU not in gpt.flops.GPU_PEAK_FLOPS
             assert row["mfu"] > 0 and row["plain_mfu"] > 0
     (row,) = results["deterministic"]
     assert row["note"] is None and row["default_s"] > 0 and row["deterministic_s"] > 0
@@ -142,7 +142,7 @@ def test_bench_smoke_run_on_cuda(tmp_path):
     assert_bf16_rows_or_skip(results, stdout, bf16, "bf16 rows skipped: this GPU has no bf16 units")
     for row in results["overhead"]:
         assert row["trainer_s"] > 0 and row["plain_s"] > 0
-        assert row["mfu"] is None or 0 < row["mfu"] < 1  # None: a GPU not in gpt.metrics.GPU_PEAK_FLOPS
+        assert row["mfu"] is None or 0 < row["mfu"] < 1  # None: a GPU not in gpt.flops.GPU_PEAK_FLOPS
 
 
 def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpt import dist as gpt_dist
 from gpt import engine as ds_engine
+from gpt import host_fixes
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
@@ -22,7 +22,7 @@ def build_engine(config_name, fp32=False):
     if fp32:
         config.pop("bf16"), config.pop("data_types")
     if "fp16" in config:
-        gpt_dist.enable_cpu_fp16()
+        host_fixes.enable_cpu_fp16()
         config["fp16"]["initial_scale_power"] = 6  # so that the 20x spike below is an outlier, not an overflow
     torch.manual_seed(0)
     return ds_engine.initialize(GPT(MODEL), config, micro_batch=2, grad_accum=1, optimizer=OPTIMIZER)
@@ -63,6 +63,37 @@ def test_each_bf16_optimizer_answers_to_its_own_guard(single_rank_group):
     first.backward(first(x, x)[1])
     first.step()
     assert first.skipped_steps == skipped_before + 1  # its own guard still skips its update
+
+
+def test_a_guarded_bf16_step_leaves_deepspeed_its_own_norm_function(single_rank_group):
+    """BF16_Optimizer's guard swaps the module function get_global_norm_of_tensors in for its own step only: with
+    no engine, between steps and after them (a skipped one, a failed one) the process has DeepSpeed's own."""
+    import deepspeed.runtime.bf16_optimizer as bf16_optimizer
+    from deepspeed.runtime.utils import get_global_norm_of_tensors as deepspeeds_own
+
+    assert bf16_optimizer.get_global_norm_of_tensors is deepspeeds_own  # no engine
+    engine = build_engine("zero1_bf16.json")
+    guard = SpikeGuard(grad_z=4.0)
+    assert install_grad_norm_hook(engine, guard)
+    assert bf16_optimizer.get_global_norm_of_tensors is deepspeeds_own
+    assert not step(engine, guard) and len(guard.norms) == 1  # the guard filtered the step's norm
+    assert bf16_optimizer.get_global_norm_of_tensors is deepspeeds_own
+    guard.reason = "this step is being skipped"  # as filter_grad_norm sets it, until end_step
+    skipped_before = engine.skipped_steps
+    x = torch.randint(0, MODEL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    engine.backward(engine(x, x)[1])
+    engine.step()
+    assert engine.skipped_steps == skipped_before + 1  # the guard's NaN norm skipped the update
+    assert bf16_optimizer.get_global_norm_of_tensors is deepspeeds_own
+
+    def failing_step(*args, **kwargs):
+        assert bf16_optimizer.get_global_norm_of_tensors is not deepspeeds_own  # the guarded one, for the step
+        raise RuntimeError("the step failed")
+    engine.optimizer.step = failing_step
+    install_grad_norm_hook(engine, guard)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        engine.optimizer.step()
+    assert bf16_optimizer.get_global_norm_of_tensors is deepspeeds_own
 
 
 @pytest.mark.parametrize("config,fp32,optimizer_class", [

@@ -8,19 +8,19 @@ import sys
 import pytest
 
 from conftest import HALF, NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
-from gpt import dist, hardware
+from gpt import hardware, host_fixes
 from gpt.commands.train import parse
 from gpt.preflight import resolve_defaults
 from gpt.settings import GPT3_WARMUP_STEPS
 
 
-@pytest.mark.skipif(dist.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
+@pytest.mark.skipif(host_fixes.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
 def test_deepspeed_builds_its_cpu_ops_with_the_flags_py_cpuinfo_would_give(monkeypatch):
-    """gpt.dist answers py-cpuinfo's get_cpu_info from /proc/cpuinfo: DeepSpeed's op builder must pick the same
-    -march and SIMD width as with py-cpuinfo's own answer, or it would rebuild its ops with other flags."""
+    """gpt.dist (conftest imports it) answers py-cpuinfo's get_cpu_info from /proc/cpuinfo (gpt.host_fixes): DeepSpeed's
+    op builder must pick the same -march and SIMD width as with py-cpuinfo's own answer, or it would rebuild its ops with other flags."""
     import cpuinfo
     from deepspeed.ops.op_builder.cpu import FusedAdamBuilder
-    builder, fast = FusedAdamBuilder(), dist.cpu_info_from_proc()
+    builder, fast = FusedAdamBuilder(), host_fixes.cpu_info_from_proc()
     assert cpuinfo.get_cpu_info() == fast  # what DeepSpeed gets in a gpt process
 
     def decisions():  # DeepSpeedCPUAdam also reads the vendor (a warning for fp16 on AMD)

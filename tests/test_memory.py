@@ -2,7 +2,8 @@
 how the planner reads it back), and the per-step peak it logs."""
 import numpy as np
 
-from gpt.memory import expandable_segments, peak_memory, reset_peak_memory, use_expandable_segments
+from gpt.allocator import expandable_segments, use_expandable_segments
+from gpt.memory import peak_memory, reset_peak_memory
 
 
 def test_the_trainer_turns_on_expandable_segments_unless_the_user_chose():

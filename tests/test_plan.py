@@ -10,7 +10,7 @@ import torch
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from conftest import REPO, out_dir_of, plain_shell_env, succeeded, two_rank_run
-from gpt.memory import measure_step_bytes
+from gpt.measured_bytes import measure_step_bytes
 from gpt.model import PRESETS, GPTConfig
 from gpt.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, make_plan, model_state_bytes, per_token_bytes, step_bytes)
 from gpt.console import BadInput

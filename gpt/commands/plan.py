@@ -12,7 +12,7 @@ from gpt.args import Parser, range_problems
 from gpt.commands.train import add_model_arguments
 from gpt.console import BadInput, exit_if, exit_with
 from gpt.loss import LOSSES
-from gpt.memory import trainer_uses_expandable_segments
+from gpt.allocator import trainer_uses_expandable_segments
 from gpt.model import preset_config
 from gpt.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan
 from gpt.settings import GPT3_TOKENS_PER_STEP, range_of
