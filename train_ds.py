@@ -15,7 +15,7 @@ from gpt.commands.train import parse  # noqa: E402
 
 
 def main(argv=None, stop=None):
-    trainer.main(parse(argv), stop)
+    trainer.train(parse(argv), stop)
 
 
 if __name__ == "__main__":

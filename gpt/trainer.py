@@ -1,6 +1,7 @@
-"""The trainer, top-down: setup (check every setting, then join the process group) -> probe (--micro_batch
-auto on a GPU) -> build (engine, data, guard, logger) -> resume -> fit (each step: train, log, the guard's verdict; then evaluate and save).
-train_ds.py is its command line; bench/train.py drives the same steps one at a time.
+"""The trainer, top-down: setup (gpt/preflight.py's checks, the run lock, the process group) -> probe
+(--micro_batch auto on a GPU) -> build (engine, data, guard, logger) -> resume -> fit (each step: train, log, the
+guard's verdict; then evaluate and save). train(settings) runs them all; train_ds.py is its command line
+(gpt/commands/train.py); bench/train.py drives the same steps one at a time.
 """
 import sys
 import time
@@ -410,12 +411,12 @@ def last_good_checkpoint(settings):
     return checkpoint.checkpoint_dir(settings.out_dir) / tags[-1] if tags else "none"
 
 
-def main(settings, stop=None):
+def train(settings, stop=None):
     """Train with these settings; exits non-zero with one message when the run cannot go on. stop: the run's
     StopRequest if train_ds.py started it before its imports, else one from now."""
     stop = stop or StopRequest()
     try:
-        train(settings, stop)
+        train_or_exit(settings, stop)
     finally:
         stop.close()
 
@@ -439,7 +440,8 @@ def out_of_memory_message(prepared, error):
             f"rank): choose a smaller model, more ranks with ZeRO 1 or 2, or a device with more memory ({reason})")
 
 
-def train(settings, stop):
+def train_or_exit(settings, stop):
+    """The run from setup to its end; exits with one message, and the last good checkpoint, when it cannot go on."""
     prepared = prepare(settings)
     try:
         try:

@@ -677,7 +677,7 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
         raise error
     monkeypatch.setattr(trainer, "build", build)
     with pytest.raises(SystemExit) as exit_info:
-        trainer.main(settings)
+        trainer.train(settings)
     assert exit_info.value.code == 1
     assert capsys.readouterr().err == (
         "error: out of memory building the model and its DeepSpeed engine (--model tiny --vocab_size 1000000: 6.41e+07 "

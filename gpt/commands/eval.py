@@ -44,10 +44,9 @@ def check_eval_args(args):
 
 def check_against_model(args, config):
     """The flags against the model's shape: (problems, the validation seq_len)."""
-    problems, seq_len = [], args.seq_len or config.block_size
-    if seq_len > config.block_size:
-        problems.append(f"--seq_len {seq_len} exceeds the model's block_size {config.block_size}")
-    elif args.data and (args.val_tokens or DEFAULT_VAL_TOKENS) < seq_len:
+    seq_len = args.seq_len or config.block_size
+    problems = config.problems(seq_len)
+    if not problems and args.data and (args.val_tokens or DEFAULT_VAL_TOKENS) < seq_len:
         problems.append(f"--val_tokens {args.val_tokens or DEFAULT_VAL_TOKENS} is less than one sequence "
                         f"(--seq_len {seq_len})")
     if args.hellaswag and config.vocab_size < GPT2_VOCAB_SIZE:
