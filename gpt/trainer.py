@@ -27,6 +27,7 @@ from gpt.optim import OptimizerSettings, lr_at
 from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.probe import dividing_sizes, probe_micro_batch
 from gpt.profiling import step_profiler
+from gpt.progress import Progress
 from gpt.settings import Settings
 from gpt.stop import StopRequest
 from gpt.tokenizer import gpt2_tokenizer
@@ -53,6 +54,7 @@ class Run:
     peak_flops: float
     run_config: dict
     hellaswag_examples: list
+    progress: Progress  # the console's step N/M and ETA
 
 
 class StopTraining(Exception):
@@ -199,7 +201,8 @@ def build(setup):
                logger=logger, guard=guard, guard_active=guard_active, device=setup.device, world_size=world_size,
                grad_accum=setup.grad_accum,
                flops_per_step=model.flops_per_token(settings.seq_len) * settings.total_batch_tokens,
-               peak_flops=peak, run_config=setup.run_config, hellaswag_examples=setup.hellaswag_examples)
+               peak_flops=peak, run_config=setup.run_config, hellaswag_examples=setup.hellaswag_examples,
+               progress=Progress(settings.max_steps))
 
 
 def resume(run, path, kind):
@@ -320,8 +323,9 @@ def log_step(run, step, lr, loss, skipped, dt):
                    **memory.peak_memory(run.device.type))
     if run.peak_flops:
         metrics["mfu"] = run.flops_per_step / dt / (run.peak_flops * run.world_size)
-    run.logger.log(step, metrics, console=f"step {step:5d} | " + " | ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+    run.logger.log(step, metrics, console=f"step {step:5d}/{run.settings.max_steps} | " + " | ".join(
+        [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+        + [run.progress.step_ended(step, dt)]))
 
 
 def guard_step(run, step, loss, skipped):

@@ -69,7 +69,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
            "--save_every", "0", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
-        if line.startswith("step     3 |"):
+        if line.startswith("step     3/"):
             proc.send_signal(signal.SIGTERM)
             break
     output = proc.stdout.read()
@@ -213,7 +213,7 @@ def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, s
                             start_new_session=True)
     try:
         for line in proc.stdout:
-            if line.startswith("step     3 |"):
+            if line.startswith("step     3/"):
                 break
         descendants = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)

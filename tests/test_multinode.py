@@ -118,7 +118,7 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_each_relaunch_continues_
     launcher PID alone (as `kill PID` and container runtimes do): both nodes save and stop, and the last
     relaunch finishes with one node's losses step for step (2 nodes = 1 node, and every resume exact)."""
     nodes = start_nodes(tmp_path, shakespeare_dir, network)
-    read_until(nodes[0], "step     6 |")  # the checkpoint of step 3 is complete
+    read_until(nodes[0], "step     6/")  # the checkpoint of step 3 is complete
     os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
     (code0, out0, seconds), (code1, _, _) = finish(nodes)
     assert code0 != 0 and code1 == -signal.SIGKILL
@@ -134,7 +134,7 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_each_relaunch_continues_
     assert checkpoint.find_checkpoint("auto", tmp_path / "out") == newest
 
     nodes = start_nodes(tmp_path, shakespeare_dir, network)
-    before = read_until(nodes[0], f"step {newest_step + 2:5d} |")
+    before = read_until(nodes[0], f"step {newest_step + 2:5d}/")
     nodes[0].send_signal(signal.SIGTERM)  # the launcher's PID alone
     (code0, out0, seconds), (code1, out1, _) = finish(nodes)
     assert code0 == -signal.SIGTERM and code1 == 0, out0[-2000:] + out1[-2000:]

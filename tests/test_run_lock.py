@@ -21,7 +21,7 @@ def start_holder(cmd, out):
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     for line in proc.stdout:
-        if line.startswith("step     1 |"):
+        if line.startswith("step     1/"):
             return proc
     raise AssertionError(f"the holder ended before step 1 ({proc.wait()})")
 
