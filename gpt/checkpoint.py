@@ -30,6 +30,7 @@ from gpt.args import directory_problem, out_dir_problem, regular_file_problem
 from gpt.console import BadInput, warn
 from gpt.data import data_changes, describe_changes
 from gpt.disk import NEARLY_FULL, atomic_write, nearest_existing, space_problem
+from gpt.metrics import TENSORBOARD_DIR
 from gpt.model import GPTConfig, state_dict_mismatch
 
 CHECKPOINTS = "checkpoints"
@@ -273,10 +274,11 @@ def set_aside_damaged(ckpt_dir):
 
 
 # The paths a run writes under its out_dir, what each must be if it is there already, and what it is for. The
-# TensorBoard events (events.out.tfevents.*, a new name per run) go into out_dir itself.
+# TensorBoard events (events.out.tfevents.*, a new name per run) go into tensorboard/<out_dir's name>/.
 RUN_FILES = (("run.lock", "the run's lock file"), ("metrics.jsonl", "the run's metrics log"),
              (f"{CHECKPOINTS}/{LATEST}", "the name of the newest checkpoint"))
-RUN_DIRS = ((CHECKPOINTS, "where the run saves its checkpoints"),)
+RUN_DIRS = ((CHECKPOINTS, "where the run saves its checkpoints"),
+            (TENSORBOARD_DIR, "where the run writes its TensorBoard events"))
 
 
 def run_path_problems(out_dir):

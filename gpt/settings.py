@@ -67,7 +67,7 @@ class Settings:
     min_lr_ratio: float = setting(0.1, "cosine decays to lr x this")
     weight_decay: float = setting(0.1, "on matrices and embeddings only", at_least=0)
     data: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards")
-    out_dir: str = setting("runs/dsgpt", "TensorBoard events and metrics.jsonl")
+    out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/")
     val_every: int = setting(250, "validation loss every N steps (0: off)", at_least=0)
     val_tokens: int = setting(10 * 2**20, "validation set size: the first val_tokens // seq_len sequences of the "
                                           "val split", at_least=1)

@@ -21,7 +21,7 @@ from gpt.flops import peak_flops
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
 from gpt.loss import model_with_loss
-from gpt.metrics import MetricsLogger
+from gpt.metrics import MetricsLogger, hparams_of
 from gpt.model import GPT, param_count
 from gpt.optim import OptimizerSettings, lr_at
 from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
@@ -187,7 +187,8 @@ def build(setup):
                        fp16=precision(setup.ds_config) == "fp16")
     guard_active = install_grad_norm_hook(engine, guard)
     peak, peak_label = peak_flops(setup.device.type, precision(setup.ds_config))
-    logger = MetricsLogger(settings.out_dir, enabled=rank == 0)
+    logger = MetricsLogger(settings.out_dir, enabled=rank == 0,
+                           hparams=hparams_of(setup.run_config, grad_accum=setup.grad_accum))
     say0(f"model {settings.model}: {model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
     say0(f"{precision(setup.ds_config)}, ZeRO {engine.zero_optimization_stage()}, "
            f"{type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, {world_size} rank(s) x "
@@ -371,7 +372,9 @@ def log_samples(run, step):
     generator = torch.Generator().manual_seed(run.settings.seed + run.engine.global_rank)  # training RNG untouched
     tokens = sample(run.model, tokenizer.encode_ordinary(SAMPLE_PROMPT), run.settings.sample_tokens, generator,
                     run.device)
-    say(f"[rank {run.engine.global_rank}] sample at step {step}: {tokenizer.decode(tokens)!r}")
+    text = tokenizer.decode(tokens)
+    say(f"[rank {run.engine.global_rank}] sample at step {step}: {text!r}")
+    run.logger.text("samples", text, step)
 
 
 def fit(run, start_step, stop):
@@ -401,7 +404,7 @@ def fit(run, start_step, stop):
             break
     profiler.stop()
     run.train_loader.close()
-    run.logger.close()
+    run.logger.close(finished=last)
 
 
 def prepare(settings):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU demo: install, turn the embedded Shakespeare corpus into GPT-2 token shards, and train a small
 # GPT-2 with DeepSpeed on 2 CPU ranks (gloo) for a few minutes. Ends with a text sample and the val loss.
-# TensorBoard: tensorboard --logdir runs/
+# TensorBoard: tensorboard --logdir runs/ (events in runs/cpu_demo/<date-time>/tensorboard/<date-time>/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup_cpu.sh

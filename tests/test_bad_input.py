@@ -413,6 +413,9 @@ TRAIN_CASES = [
     (lambda t: out_with(t, "checkpoints", lambda p: p.write_text("x")) + ["--resume", "auto"],
      "error: {tmp}/run/checkpoints: a file, not a directory (where the run saves its checkpoints): move it away, or "
      "use another --out_dir"),
+    (lambda t: out_with(t, "tensorboard", lambda p: p.write_text("x")),
+     "error: {tmp}/run/tensorboard: a file, not a directory (where the run writes its TensorBoard events): move it "
+     "away, or use another --out_dir"),
     (lambda t: out_with(t, "metrics.jsonl", Path.mkdir) + ["--resume", "auto"],
      "error: {tmp}/run/metrics.jsonl: a directory, not a regular file (the run's metrics log): move it away, or use "
      "another --out_dir"),

@@ -122,7 +122,7 @@ def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakes
     for key in ("loss", "val_loss"):
         assert_close([r[key] for r in compiled if key in r], [r[key] for r in eager if key in r], rel=1e-4)
     assert "sample at step 1:" in proc.stdout
-    assert list((tmp_path / "compiled").glob("events.out.tfevents.*"))  # TensorBoard
+    assert list((tmp_path / "compiled" / "tensorboard" / "compiled").glob("events.out.tfevents.*"))  # TensorBoard
 
 
 @pytest.mark.slow
