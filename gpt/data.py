@@ -403,6 +403,10 @@ class ValidationSet:
     def __len__(self):
         return len(self.windows)
 
+    def batch_count(self):
+        """How many batches this rank's batches() yields."""
+        return -(-len(self.mine) // self.micro_batch)
+
     def batches(self):
         for start in range(0, len(self.mine), self.micro_batch):
             group = self.mine[start:start + self.micro_batch]

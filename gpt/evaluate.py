@@ -6,13 +6,17 @@ from gpt.model import GPT2_VOCAB_SIZE
 
 
 @torch.no_grad()
-def validation_loss(model, val_set, device):
+def validation_loss(model, val_set, device, progress=False):
     """Mean loss over every sequence of the validation set, whatever the world size: each rank scores its
-    share, and the sums of losses and of sequences are reduced over ranks."""
+    share, and the sums of losses and of sequences are reduced over ranks. progress: a bar on stderr (rank 0)."""
+    from tqdm import tqdm
+
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, device=device)  # (sum of per-sequence losses, sequences); stays on device
-    for x, y in val_set.batches():
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for x, y in tqdm(val_set.batches(), desc="val_loss", total=val_set.batch_count(),
+                     disable=not (progress and rank == 0)):
         _, loss = model(x.to(device), y.to(device))
         totals += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
     if dist.is_initialized():

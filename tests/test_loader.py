@@ -153,3 +153,6 @@ def test_validation_set_is_the_same_at_every_world_size(shards):
     split = [x for r in (0, 1) for x, _ in ValidationSet(val, SEQ, 7, MICRO, rank=r, world_size=2).batches()]
     rows = lambda xs: sorted(row[0] for x in xs for row in x.tolist())
     assert rows(single) == rows(split) == [10_000 + SEQ * w for w in range(7)]
+    counts = [ValidationSet(val, SEQ, 7, MICRO, rank=r, world_size=2).batch_count() for r in (0, 1)]
+    assert counts == [len([x for x, _ in ValidationSet(val, SEQ, 7, MICRO, rank=r, world_size=2).batches()])
+                      for r in (0, 1)]  # the progress bar's total

@@ -85,7 +85,7 @@ def main(argv=None):
         with autocast:
             if val_set:
                 start = time.perf_counter()
-                results["val_loss"] = validation_loss(model, val_set, device)  # ends in .item(): synchronized
+                results["val_loss"] = validation_loss(model, val_set, device, progress=True)  # .item(): synchronized
                 results["val_tokens"] = len(val_set) * val_set.seq_len  # --val_tokens beyond the val split: all of it
                 results["val_tokens_per_s"] = len(val_set) * val_set.seq_len / (time.perf_counter() - start)
             if examples:
