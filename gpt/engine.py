@@ -1,5 +1,5 @@
 """deepspeed.initialize around the model (schedule, parameter groups, activation checkpointing, a quiet
-start-up) and the engine's per-step statistics."""
+start-up), the engine's per-step statistics, and the optimizer state a checkpoint cannot hold."""
 import contextlib
 
 import torch
@@ -9,6 +9,8 @@ from gpt import ds_config as dsc
 from gpt.optim import param_groups
 
 import deepspeed  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
+from deepspeed.ops.adam import FusedAdam  # noqa: E402
 from deepspeed.runtime import bf16_optimizer  # noqa: E402
 
 
@@ -52,3 +54,23 @@ def step_stats(engine):
         stats["loss_scale"] = float(engine.optimizer.cur_scale)
         stats["skipped_steps"] = int(engine.skipped_steps)
     return stats
+
+
+def replay_adam_step_count(engine):
+    """After a checkpoint's optimizer state is loaded on DeepSpeed's CPU accelerator, bring its C++ Adam to the
+    saved step the way an uninterrupted run got there. FusedAdam there is cpu_adam's Adam_Optimizer, one per
+    process, which keeps beta1^t and beta2^t as running float products (t-1's times beta) that no checkpoint
+    holds; on a resume it computes them with pow instead, which rounds differently: the bias correction moves by
+    an ulp and every weight by ~1e-9 from the first resumed step on. Stepping it through 1..t on empty tensors
+    rebuilds the same products. (CUDA's FusedAdam computes pow(beta, t) at every step: nothing to replay.)"""
+    adam = engine.basic_optimizer
+    if get_accelerator().device_name() != "cpu" or type(adam) is not FusedAdam:
+        return
+    steps = {int(state["step"]) for state in adam.state.values() if "step" in state}
+    if len(steps) != 1:  # no step taken yet, or groups out of step (then a product is no better than pow)
+        return
+    empty = torch.empty(0)
+    beta1, beta2 = adam.param_groups[0]["betas"]
+    for step in range(1, steps.pop() + 1):
+        adam.multi_tensor_adam(0, adam._dummy_overflow_buf, [[empty], [empty], [empty], [empty]], 0.0, beta1,
+                               beta2, 0.0, step, adam.adam_w_mode, 1, 0.0)

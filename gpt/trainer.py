@@ -221,6 +221,8 @@ def resume(run, path, kind):
     else:
         state, rng_problem = checkpoint.load(run.engine, path, load_optimizer_states=kind != "weights",
                                              restore_rng=kind == "exact")
+    if kind != "weights":
+        ds_engine.replay_adam_step_count(run.engine)  # bit-exact on CPU also from the first resumed step
     if run.engine.global_rank == 0:
         checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(run.settings.out_dir))
     step = state["step"] + 1

@@ -1,22 +1,48 @@
 """Checkpoints through real runs: exact resume, SIGTERM, pruning, interrupted saves, world-size change,
 incompatible resumes, the fp16 minimum-scale diagnostic."""
+import copy
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
+import torch
+from deepspeed.ops.adam import FusedAdam
 
-from conftest import HALF, REPO, TINY, free_port, succeeded, train, two_rank_run, write_ds_config
+from conftest import HALF, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
 from gpt import checkpoint
 from gpt.console import BadInput
+from gpt.engine import replay_adam_step_count
 
-RESUMABLE = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "3", "--keep_last", "5"]
+# Resumed at step 5: Adam's 6th step, the first whose beta2^t (0.95) as a running float product, which DeepSpeed's
+# CPU Adam keeps and no checkpoint holds, differs from pow(0.95, 6) (gpt/engine.py, replay_adam_step_count).
+RESUMABLE = [*TINY, "--max_steps", "8", "--total_batch_tokens", "512", "--save_every", "5", "--keep_last", "5"]
 
 
 def step_records(records):
     return [(r["step"], r["loss"], r.get("grad_norm")) for r in records if "loss" in r]
+
+
+def saved_tensors(step_dir):
+    """{file and key path: tensor} of every tensor in a checkpoint's .pt files (weights, fp32 master weights,
+    Adam's moments, RNG states)."""
+    found = {}
+
+    def walk(value, name):
+        if torch.is_tensor(value):
+            found[name] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{name}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]")
+    for file in sorted(step_dir.glob("*.pt")):
+        walk(torch.load(file, map_location="cpu", weights_only=False), file.name)
+    return found
 
 
 CPU_FLAGS = next((line.split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
@@ -33,7 +59,7 @@ def resume_runs(stage, precision, ranks):
     data, vocab = ("small_vocab_dir", HALF) if precision == "bf16" else ("shakespeare_dir", [])
     whole, resumed = f"whole_{stage}_{precision}_{ranks}", f"resumed_{stage}_{precision}_{ranks}"
     return [(whole, data, [*RESUMABLE, *vocab]),
-            (resumed, data, [*RESUMABLE, *vocab, "--resume", f"{{runs}}/{whole}/checkpoints/step_00000002"])]
+            (resumed, data, [*RESUMABLE, *vocab, "--resume", f"{{runs}}/{whole}/checkpoints/step_00000004"])]
 
 
 RESUMES_ON_TWO_RANKS = {name: two_rank_run("--data", f"{{{data}}}", *flags,
@@ -52,15 +78,51 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, request, 
     (whole_name, data, flags), (resumed_name, _, resumed_flags) = resume_runs(stage, precision, ranks)
     if ranks == 2:  # both in the session's shared 2-rank launch
         runs = request.getfixturevalue("two_rank_runs")
-        (whole, _), (resumed, proc) = succeeded(runs[whole_name]), succeeded(runs[resumed_name])
+        (whole, whole_proc), (resumed, proc) = succeeded(runs[whole_name]), succeeded(runs[resumed_name])
     else:
         config = write_ds_config(tmp_path / "ds.json", stage=stage, precision=precision)
         data = request.getfixturevalue(data)
-        whole, _ = train(tmp_path / whole_name, data, *flags, "--ds_config", config)
+        whole, whole_proc = train(tmp_path / whole_name, data, *flags, "--ds_config", config)
         resumed, proc = train(tmp_path / resumed_name, data, *(f.format(runs=tmp_path) for f in resumed_flags),
                               "--ds_config", config)
-    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
-    assert step_records(resumed) == step_records(whole)[3:]  # exact equality, not a tolerance
+    assert "resumed from" in proc.stdout and "at step 5" in proc.stdout
+    assert step_records(resumed) == step_records(whole)[5:]  # exact equality, not a tolerance
+    # a loss's 7 digits miss a weight 1e-9 off: every tensor of the last checkpoint, bit for bit
+    whole_state, resumed_state = (saved_tensors(out_dir_of(p) / "checkpoints" / "step_00000007")
+                                  for p in (whole_proc, proc))
+    assert whole_state.keys() == resumed_state.keys()
+    assert [name for name in whole_state if not torch.equal(whole_state[name], resumed_state[name])] == []
+
+
+@pytest.mark.parametrize("replayed", [True, False])
+def test_cpu_adam_resumed_at_its_6th_step_steps_as_the_uninterrupted_one_only_when_replayed(replayed):
+    """DeepSpeed's C++ Adam on CPU is one per process; a second FusedAdam given the first's state after 5 steps
+    is a resume. Without the replay its 6th step's beta2^t comes from pow and the weights differ."""
+    torch.manual_seed(0)
+    grads = [[torch.randn(1000), torch.randn(10)] for _ in range(7)]
+
+    def adam_over(params):
+        return FusedAdam([{"params": [params[0]], "weight_decay": 0.1}, {"params": [params[1]], "weight_decay": 0.0}],
+                         lr=1e-3, betas=(0.9, 0.95))
+
+    def steps(adam, params, grads):
+        for step_grads in grads:
+            for param, grad in zip(params, step_grads):
+                param.grad = grad.clone()
+            adam.step()
+    params = [torch.nn.Parameter(torch.randn(1000)), torch.nn.Parameter(torch.randn(10))]
+    adam = adam_over(params)
+    steps(adam, params, grads[:5])
+    saved_state, saved_params = copy.deepcopy(adam.state_dict()), [p.detach().clone() for p in params]
+    steps(adam, params, grads[5:])  # uninterrupted
+
+    resumed_params = [torch.nn.Parameter(p) for p in saved_params]
+    resumed = adam_over(resumed_params)
+    resumed.load_state_dict(saved_state)
+    if replayed:
+        replay_adam_step_count(types.SimpleNamespace(basic_optimizer=resumed))
+    steps(resumed, resumed_params, grads[5:])
+    assert all(torch.equal(p, q) for p, q in zip(params, resumed_params)) == replayed
 
 
 @pytest.mark.slow
