@@ -2,8 +2,6 @@
 import torch
 import torch.distributed as dist
 
-from gpt.model import GPT2_VOCAB_SIZE
-
 
 @torch.no_grad()
 def validation_loss(model, val_set, device, progress=False):
@@ -37,7 +35,7 @@ def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=
     idx = torch.tensor([prompt_tokens], dtype=torch.long, device=device)
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -block_size:])
-        logits = logits[0, -1, :GPT2_VOCAB_SIZE].float()  # padded ids are never drawn
+        logits = logits[0, -1, :model.config.real_vocab_size].float()  # padded ids (-inf already) never drawn
         top_values, top_ids = torch.topk(logits, min(top_k, logits.numel()))  # sorted: the largest first
         # in float64, from the largest logit down: any positive temperature is safe (1e-300 would be 0 in float32,
         # and logits / 0 NaN); a tiny one puts all the probability on the likeliest token (greedy)

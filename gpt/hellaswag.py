@@ -163,7 +163,7 @@ def example_losses(model, examples, device, block_size):
         batch[i, :len(row)] = torch.tensor(row)
         mask[i, start - 1:end - 1] = 1  # the target at position t is token t + 1
     inputs = batch[:, :-1][:, :block_size].to(device)
-    logits, _ = model(inputs)
+    logits, _ = model(inputs)  # -inf beyond the real vocabulary (GPT.forward): the padding takes no probability
     losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:inputs.size(1) + 1].reshape(-1)
                              .to(device), reduction="none").view(len(rows), -1).cpu()
     mask = mask[:, :inputs.size(1)]

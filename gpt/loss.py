@@ -9,10 +9,12 @@ sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
   log-softmax), each chunk's logits recomputed in backward. It is written by hand because no well-kept
   CPU library does it; liger is not used for fp16 because it computes gradients before the loss scale
   is applied, where fp16 underflows.
+Both take the model's real vocabulary size (GPTConfig.real_vocab_size): the columns beyond it (GPT-2's padding)
+get no probability and no gradient, as in the classic loss.
 """
 import torch
 
-from gpt.model import GPT
+from gpt.model import GPT, mask_padding
 
 CHUNK_ROWS = 8192  # rows (tokens) of logits alive at a time: 8192 x 50304 fp32 = 1.6 GB at the peak
 LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in chunks, or whole
@@ -31,22 +33,23 @@ def memory_kind(loss):
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """mean over rows of cross_entropy(hidden @ weight.T in fp32, targets), without keeping the logits:
+    """mean over rows of cross_entropy(hidden @ weight.T in fp32, columns from real_vocab_size on masked to -inf,
+    targets), without keeping the logits:
     forward keeps each row's log-sum-exp; backward recomputes a chunk's logits, turns them into the
     gradient in fp32 (scaled by the incoming gradient, so fp16 loss scaling acts as in the classic loss),
     casts it to the compute dtype and multiplies it out, accumulating the weight gradient in fp32."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_rows):
+    def forward(ctx, hidden, weight, targets, real_vocab_size, chunk_rows):
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
-            logits = (hidden[rows] @ weight.t()).float()
+            logits = mask_padding((hidden[rows] @ weight.t()).float(), real_vocab_size)
             lse[rows] = torch.logsumexp(logits, dim=-1)
             loss_sum += (lse[rows] - logits.gather(1, targets[rows, None]).squeeze(1)).sum()
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk_rows = chunk_rows
+        ctx.real_vocab_size, ctx.chunk_rows = real_vocab_size, chunk_rows
         return loss_sum / hidden.shape[0]
 
     @staticmethod
@@ -57,17 +60,20 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, hidden.shape[0], ctx.chunk_rows):
             rows = slice(start, start + ctx.chunk_rows)
-            grad_logits = (hidden[rows] @ weight.t()).float().sub_(lse[rows, None]).exp_()  # softmax
+            # the softmax; exp(-inf) = 0: the padded columns, and the weight's padded rows, get a zero gradient
+            grad_logits = mask_padding((hidden[rows] @ weight.t()).float(), ctx.real_vocab_size)
+            grad_logits = grad_logits.sub_(lse[rows, None]).exp_()
             grad_logits[torch.arange(grad_logits.shape[0], device=grad_logits.device), targets[rows]] -= 1
             grad_logits = grad_logits.mul_(scale).to(hidden.dtype)
             grad_hidden[rows] = grad_logits @ weight
             grad_weight += (grad_logits.t() @ hidden[rows]).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
 
 
-def chunked_cross_entropy(hidden, weight, targets, chunk_rows=CHUNK_ROWS):
-    """hidden (N, C), weight (vocab, C), targets (N,) -> the mean fp32 cross-entropy of hidden @ weight.T."""
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows)
+def chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=CHUNK_ROWS):
+    """hidden (N, C), weight (vocab, C), targets (N,) -> the mean fp32 cross-entropy of hidden @ weight.T over
+    its first real_vocab_size columns (the rest masked, the matmul kept at the full width)."""
+    return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, real_vocab_size, chunk_rows)
 
 
 def liger_problem(device_type, precision):
@@ -81,9 +87,12 @@ def liger_problem(device_type, precision):
     return None
 
 
-def liger_cross_entropy(hidden, weight, targets):
+def liger_cross_entropy(hidden, weight, targets, real_vocab_size):
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-    return liger_fused_linear_cross_entropy(hidden, weight, targets, accum_dtype=torch.float32)
+    # liger has no column mask (ce_weight weighs targets, ignore_index drops rows): its vocabulary is the weight's
+    # rows, so it gets the real ones, a contiguous view. The cost: its matmuls run 50257 wide instead of 50304
+    # (the width padding is for), and autograd spreads the weight gradient into a new zero-filled full-size tensor.
+    return liger_fused_linear_cross_entropy(hidden, weight[:real_vocab_size], targets, accum_dtype=torch.float32)
 
 
 def fused_loss(device_type, precision, kernel="fused"):

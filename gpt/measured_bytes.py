@@ -25,7 +25,7 @@ def measure_activation_bytes(config, batch, seq_len, precision, checkpointing):
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    x = torch.randint(0, config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, config.real_vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model(x, x)
     return sum(saved.values())
@@ -46,10 +46,11 @@ def measure_step_bytes(config, batch, seq_len, precision, checkpointing, loss="c
     if checkpointing:
         model.checkpoint_fn = lambda fn, *args: torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     if loss == "fused":
-        model.loss_fn = lambda hidden, weight, targets: chunked_cross_entropy(hidden, weight, targets, chunk_rows)
+        model.loss_fn = lambda hidden, weight, targets, vocab: chunked_cross_entropy(hidden, weight, targets, vocab,
+                                                                                     chunk_rows)
     for parameter in model.parameters():
         parameter.register_post_accumulate_grad_hook(lambda parameter: setattr(parameter, "grad", None))
-    x = torch.randint(0, config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, config.real_vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker, warnings.catch_warnings():
@@ -75,7 +76,7 @@ def measure_loss_chunk_bytes(rows, vocab, width, precision):
     targets = torch.randint(0, vocab, (rows,), generator=generator)
     tracker = MemTracker()
     with tracker:
-        chunked_cross_entropy(hidden, weight, targets, rows).backward()
+        chunked_cross_entropy(hidden, weight, targets, vocab, rows).backward()
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
     return peak - 2 * (hidden.numel() + weight.numel()) * hidden.element_size()
 

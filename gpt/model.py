@@ -11,7 +11,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 GPT2_VOCAB_SIZE = 50257  # 50000 BPE merges + 256 byte tokens + <|endoftext|>
-PADDED_VOCAB_SIZE = 50304  # next multiple of 128: faster matmuls; the extra rows are never targets
+PADDED_VOCAB_SIZE = 50304  # next multiple of 128: faster matmuls; the extra rows are masked out of every softmax
+
+
+def real_vocab_size_of(vocab_size):
+    """The token ids a model of vocab_size predicts: GPT-2's 50257 in the padded vocabulary, every id in any other
+    (a smaller tokenizer's). Its logits beyond them are -inf (mask_padding): as in llm.c, the padding never takes
+    probability, and a token id there is refused in the data."""
+    return GPT2_VOCAB_SIZE if vocab_size == PADDED_VOCAB_SIZE else vocab_size
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,12 @@ class GPTConfig:
     n_embd: int = 768
     block_size: int = 1024
     vocab_size: int = PADDED_VOCAB_SIZE
+
+    @property
+    def real_vocab_size(self):
+        """real_vocab_size_of(vocab_size). A property, not a field: checkpoints record the fields, and older ones
+        must still compare equal."""
+        return real_vocab_size_of(self.vocab_size)
 
     def problems(self, seq_len, preset=None):
         """Why this shape cannot train on sequences of seq_len tokens, one line each (none: it can); preset: the
@@ -59,6 +72,14 @@ def preset_config(preset, n_layer=None, n_embd=None, n_head=None, vocab_size=PAD
     """A preset's GPTConfig with the given overrides (None: the preset's)."""
     overrides = {k: v for k, v in dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head).items() if v is not None}
     return replace(PRESETS[preset], vocab_size=vocab_size, **overrides)
+
+
+def mask_padding(logits, real_vocab_size):
+    """logits (..., vocab) with the columns from real_vocab_size on set to -inf, in place (no second copy of the
+    logits; autograd gives those columns a zero gradient) and returned; -inf in any float dtype."""
+    if real_vocab_size < logits.shape[-1]:
+        logits[..., real_vocab_size:] = float("-inf")
+    return logits
 
 
 class CausalSelfAttention(nn.Module):
@@ -124,8 +145,9 @@ class GPT(nn.Module):
         # Activation checkpointing: a function with torch.utils.checkpoint's call shape
         # (fn, *args) -> output, set by the trainer (e.g. deepspeed.checkpointing.checkpoint).
         self.checkpoint_fn = None
-        # The training loss without the full logits: (hidden (N, C), lm_head weight, targets (N,)) -> the
-        # mean fp32 cross-entropy, set by the trainer (gpt.loss); None: the classic loss in forward.
+        # The training loss without the full logits: (hidden (N, C), lm_head weight, targets (N,), real vocabulary
+        # size) -> the mean fp32 cross-entropy over the first real_vocab_size columns, set by the trainer
+        # (gpt.loss); None: the classic loss in forward.
         self.loss_fn = None
         self.apply(self._init_weights)
 
@@ -155,8 +177,8 @@ class GPT(nn.Module):
         return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * seq_len
 
     def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean fp32 loss (and no
-        logits when loss_fn is set)."""
+        """idx (B, T) token ids -> logits (B, T, vocab), -inf beyond config.real_vocab_size; with targets also the
+        mean fp32 loss (and no logits when loss_fn is set)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -169,8 +191,10 @@ class GPT(nn.Module):
                 x = block(x)
         x = self.transformer.ln_f(x)
         if targets is not None and self.loss_fn is not None:
-            return None, self.loss_fn(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1))
-        logits = self.lm_head(x)  # (B, T, vocab)
+            return None, self.loss_fn(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
+                                      self.config.real_vocab_size)
+        # (B, T, vocab): the matmul keeps the padded width (speed), the softmax sees the real vocabulary only
+        logits = mask_padding(self.lm_head(x), self.config.real_vocab_size)
         if targets is None:
             return logits, None
         # log-softmax + NLL in fp32 whatever the compute dtype: fp16/bf16 lose too much over 50k classes

@@ -119,7 +119,7 @@ def check_settings(settings, world_size, device_type):
         except BadInput as e:
             problems.append(str(e))
     try:
-        check_shards(settings.data, config.vocab_size)
+        check_shards(settings.data, config.real_vocab_size)  # a padded id would have an infinite loss
         if grad_accum:
             check_lengths(settings.data, settings.seq_len, settings.micro_batch * world_size, settings.val_every > 0)
     except BadInput as e:

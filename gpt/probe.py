@@ -10,6 +10,7 @@ import torch
 
 from gpt import dist, memory  # gpt.dist first: it imports deepspeed with DeepSpeed's logs sent to stderr
 from deepspeed.accelerator import get_accelerator  # noqa: E402
+from gpt.model import real_vocab_size_of  # noqa: E402
 
 GiB = 2**30
 
@@ -59,7 +60,7 @@ def try_step(new_engine, micro_batch, seq_len, vocab_size, device, steps=STEPS):
 def _step(engine, micro_batch, seq_len, vocab_size, device):
     """A step as the trainer takes it, on random tokens; False if a rank ran out of memory in the forward
     pass. Its tensors die with this frame."""
-    tokens = torch.randint(0, vocab_size, (micro_batch, seq_len), device=device)
+    tokens = torch.randint(0, real_vocab_size_of(vocab_size), (micro_batch, seq_len), device=device)  # as in data
     outputs = _forward(engine, tokens)  # the logits (None with the fused loss) held through backward, as in training
     if not on_every_rank(outputs is not None, device):
         return False

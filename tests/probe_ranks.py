@@ -26,10 +26,10 @@ def main(argv=None):
     def limited_fused_loss(device_type, precision, kernel="fused"):
         loss_fn, label = real_fused_loss(device_type, precision, kernel)
 
-        def limited(hidden, weight, targets):
+        def limited(hidden, weight, targets, vocab):
             if hidden.shape[0] > limit * settings.seq_len:
                 raise torch.OutOfMemoryError(f"simulated: over {limit} sequences")
-            return loss_fn(hidden, weight, targets)
+            return loss_fn(hidden, weight, targets, vocab)
         return limited, label
 
     losses.fused_loss = limited_fused_loss  # what gpt.loss.model_with_loss calls

@@ -20,6 +20,7 @@ from gpt.commands.train import parse
 from gpt.console import BadInput
 from gpt.data import write_shard
 from gpt.plan import device_total_bytes
+from gpt.model import GPT2_VOCAB_SIZE
 from gpt.preflight import model_config, resolve_defaults, validate
 
 
@@ -100,6 +101,16 @@ def test_a_vocabulary_smaller_than_the_data_or_hellaswag_needs(run_main, shakesp
     assert run_main("--vocab_size", "512", "--hellaswag", "val") == (
         2, "error: --hellaswag needs GPT-2's vocabulary: --vocab_size 512 < 50257\n"
            f"error: {train_shard}: token 50256 at position 0 is >= the vocabulary size 512\n")
+
+
+def test_a_padded_vocabulary_id_in_the_data(run_main, tmp_path):
+    """GPT-2's padded vocabulary predicts 50257 ids: 50257..50303 would have -inf logits, an infinite loss."""
+    (tmp_path / "data").mkdir()
+    write_shard(tmp_path / "data" / "x_val_000000.bin", np.arange(5000) % 1000)
+    write_shard(tmp_path / "data" / "x_train_000001.bin", np.array([1, 2, GPT2_VOCAB_SIZE, 3] * 1000))
+    assert run_main(data=tmp_path / "data") == (
+        2, f"error: {tmp_path / 'data' / 'x_train_000001.bin'}: token 50257 at position 2 is >= the vocabulary size "
+           f"50257\n")
 
 
 def test_missing_data_dir(run_main, tmp_path):

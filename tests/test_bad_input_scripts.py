@@ -291,7 +291,7 @@ CASES = [
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/short_val --seq_len 128",
      "error: {in}/short_val/x_val_000000.bin: ..."),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/wide_tokens --seq_len 64",
-     "error: {in}/wide_tokens/x_val_000000.bin: token 60000 at position 0 is >= the vocabulary size 50304"),
+     "error: {in}/wide_tokens/x_val_000000.bin: token 60000 at position 0 is >= the vocabulary size 50257"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/fifo_val --seq_len 64",
      "error: {in}/fifo_val/x_val_000000.bin: a FIFO (named pipe) named like a shard, not a shard file"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/dir_val --seq_len 64",

@@ -14,7 +14,7 @@ from conftest import REPO, TINY, succeeded, train, two_rank_run, write_ds_config
 from gpt import hellaswag
 from gpt.commands.eval import main as evaluate_main
 from gpt.console import BadInput
-from gpt.model import GPT, PRESETS
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
 
 def brute_force(model, examples):
@@ -67,6 +67,25 @@ def test_an_ending_longer_than_the_block_scores_its_last_tokens():
         reference = F.cross_entropy(model(tokens[:, :-1])[0][0], tokens[0, 1:], reduction="none")
     assert summed[0, 0].item() == pytest.approx(reference.sum().item(), rel=1e-5)
     assert mean[0, 0].item() == pytest.approx(reference.mean().item(), rel=1e-5)
+
+
+def test_the_padded_vocabulary_takes_no_part_in_the_scores():
+    """Padded rows made to win every softmax (the final hidden states all lean along one axis, the padded rows
+    point along it) leave the ending losses as they are with zero padded rows: the padding is masked out."""
+    torch.manual_seed(3)
+    zero, winning = GPT(PRESETS["tiny"]).eval(), GPT(PRESETS["tiny"]).eval()
+    examples = [hellaswag.Example(context=(5, 6, 7), endings=((8, 9), (10,), (11, 12, 13), (14,)), label=2)]
+    unmasked = []  # lm_head's output before the mask: what the padding would have taken
+    winning.lm_head.register_forward_hook(lambda module, args, output: unmasked.append(output.clone()))
+    with torch.no_grad():
+        winning.transformer.ln_f.bias[0] = 5.0
+        winning.transformer.wte.weight[GPT2_VOCAB_SIZE:] = 0
+        zero.load_state_dict(winning.state_dict())
+        winning.transformer.wte.weight[GPT2_VOCAB_SIZE:, 0] = 10.0
+        ours = hellaswag.example_losses(winning, examples, torch.device("cpu"), 256)
+        assert (unmasked[0].softmax(-1)[..., GPT2_VOCAB_SIZE:].sum(-1) > 0.99).all()  # unmasked, the padding wins
+        for got, want in zip(ours, hellaswag.example_losses(zero, examples, torch.device("cpu"), 256)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("corrupt,message", [

@@ -15,6 +15,7 @@ from gpt.checkpoint import read_weights
 from gpt.commands.export import main as export_main
 from gpt.console import BadInput
 from gpt.hf import TOKENIZER_FILES, export, load_hf_weights
+from gpt.loss import model_with_loss
 from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -51,6 +52,24 @@ def test_import_round_trips_and_matches_transformers(trained_checkpoint, tmp_pat
         if name in ("transformer.wte.weight", "lm_head.weight"):
             expected[50257:] = 0  # padding rows are not part of GPT-2's vocabulary
         assert torch.equal(imported[name], expected), name
+
+
+@pytest.mark.parametrize("loss", ["classic", "chunked"])
+def test_the_first_loss_after_init_from_equals_transformers(tmp_path, loss):
+    """A fresh transformers GPT-2 of the tiny shape, imported as --init_from does: our loss on a batch equals
+    GPT2LMHeadModel's to fp32 rounding (the padded rows, zero on import, are no part of the softmax; letting them in
+    added 9.2e-4 to this loss)."""
+    torch.manual_seed(0)
+    hf_config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=256, vocab_size=GPT2_VOCAB_SIZE)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    model, _ = model_with_loss(PRESETS["tiny"], loss, "cpu", "fp32")
+    model.load_state_dict(load_hf_weights(tmp_path / "hf", PRESETS["tiny"]))
+    x = torch.randint(0, GPT2_VOCAB_SIZE, (4, 65), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = hf(x, labels=x).loss  # transformers shifts the labels itself
+        _, ours = model.eval()(x[:, :-1], x[:, 1:].contiguous())
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
 
 
 def test_training_starts_from_a_hf_directory(trained_checkpoint, tmp_path, shakespeare_dir):

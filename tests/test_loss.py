@@ -1,5 +1,5 @@
 """The fused (chunked) loss equals the classic full-logits loss: loss and gradients, fp32 and half precision,
-in the model and in real training runs, eager and compiled."""
+in the model and in real training runs, eager and compiled; both over the real vocabulary only."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from conftest import TINY, train, train_losses
 from gpt import loss as losses
 from gpt.loss import chunked_cross_entropy
-from gpt.model import GPT, GPTConfig
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, mask_padding
 
 
-def classic(hidden, weight, targets):
-    return F.cross_entropy((hidden @ weight.t()).float(), targets)
+def classic(hidden, weight, targets, real_vocab_size=None):
+    """The reference: the logits' first real_vocab_size columns (all: None) cut out, their fp32 cross-entropy."""
+    return F.cross_entropy((hidden @ weight.t()).float()[:, :real_vocab_size], targets)
 
 
 def loss_and_grads(loss_fn, hidden, weight, targets, grad_scale=1.0):
@@ -21,22 +22,30 @@ def loss_and_grads(loss_fn, hidden, weight, targets, grad_scale=1.0):
     return loss.detach(), hidden.grad, weight.grad
 
 
-def inputs(dtype, rows=45, width=24, vocab=300):
+def inputs(dtype, rows=45, width=24, vocab=300, real_vocab_size=300):
+    """hidden, weight and targets below real_vocab_size; the weight's rows beyond it, the padding, are made to
+    win every softmax they would enter (a loss that let them in would be far off)."""
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(rows, width, generator=generator).to(dtype)
-    weight = (torch.randn(vocab, width, generator=generator) * 0.5).to(dtype)
-    return hidden, weight, torch.randint(0, vocab, (rows,), generator=generator)
+    weight = torch.randn(vocab, width, generator=generator) * 0.5
+    weight[real_vocab_size:] = hidden.float().mean(0) * 4
+    return hidden, weight.to(dtype), torch.randint(0, real_vocab_size, (rows,), generator=generator)
 
 
-@pytest.mark.parametrize("chunk_rows", [7, 45, 8192])  # several chunks and a ragged last one; one; fewer rows
-def test_fp32_loss_and_gradients_equal_the_classic_loss(chunk_rows):
-    hidden, weight, targets = inputs(torch.float32)
-    ours = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, chunk_rows), hidden, weight, targets)
-    theirs = loss_and_grads(classic, hidden, weight, targets)
+# several chunks and a ragged last one; one; fewer rows than a chunk; with 47 padded columns as GPT-2's
+@pytest.mark.parametrize("chunk_rows,real_vocab_size", [(7, 300), (45, 300), (8192, 300), (7, 253), (8192, 253)])
+def test_fp32_loss_and_gradients_equal_the_classic_loss(chunk_rows, real_vocab_size):
+    hidden, weight, targets = inputs(torch.float32, real_vocab_size=real_vocab_size)
+    ours = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, real_vocab_size, chunk_rows),
+                          hidden, weight, targets)
+    theirs = loss_and_grads(lambda h, w, t: classic(h, w, t, real_vocab_size), hidden, weight, targets)
     assert ours[0].dtype == torch.float32
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-6, atol=0)
     torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(ours[2], theirs[2], rtol=1e-5, atol=1e-7)
+    assert not ours[2][real_vocab_size:].any()  # the padded rows: exactly zero, no probability went there
+    if real_vocab_size < 300:  # the padding would have won: letting it in moves the loss by far more than rounding
+        assert classic(hidden, weight, targets) > ours[0] + 1
 
 
 @pytest.mark.parametrize("dtype,grad_scale", [(torch.bfloat16, 1.0), (torch.float16, 2.0**16)])
@@ -44,13 +53,14 @@ def test_half_precision_matches_the_classic_loss(dtype, grad_scale):
     """bf16: loss to 1e-6 (both log-softmax in fp32 over the same bf16 logits), gradients to one bf16
     rounding step; fp16 with a 2^16 loss scale, as DeepSpeed's scaler applies it, matches the same way
     (the scale enters before the cast to fp16, as in the classic backward)."""
-    hidden, weight, targets = inputs(dtype)
-    ours = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, 7), hidden, weight, targets, grad_scale)
-    theirs = loss_and_grads(classic, hidden, weight, targets, grad_scale)
+    hidden, weight, targets = inputs(dtype, real_vocab_size=253)
+    ours = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, 253, 7), hidden, weight, targets, grad_scale)
+    theirs = loss_and_grads(lambda h, w, t: classic(h, w, t, 253), hidden, weight, targets, grad_scale)
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-6, atol=0)
     for got, want in zip(ours[1:], theirs[1:]):
         assert got.dtype == dtype and torch.isfinite(got).all()
         torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2 * want.float().abs().max().item())
+    assert not ours[2][253:].any()
 
 
 def test_the_model_with_the_fused_loss_equals_the_classic_model():
@@ -58,7 +68,7 @@ def test_the_model_with_the_fused_loss_equals_the_classic_model():
     torch.manual_seed(0)
     classic_model, fused_model = GPT(config), GPT(config)
     fused_model.load_state_dict(classic_model.state_dict())
-    fused_model.loss_fn = lambda h, w, t: chunked_cross_entropy(h, w, t, chunk_rows=5)
+    fused_model.loss_fn = lambda h, w, t, vocab: chunked_cross_entropy(h, w, t, vocab, chunk_rows=5)
     x = torch.randint(0, 200, (3, 16), generator=torch.Generator().manual_seed(1))
     results = []
     for model in (classic_model, fused_model):
@@ -104,3 +114,54 @@ def test_fused_means_the_devices_kernel_and_the_others_name_one(monkeypatch):
     monkeypatch.undo()
     assert losses.liger_problem("cuda", "fp16") == "--loss liger runs on CUDA in bf16 only (this run: cuda, fp16)"
     assert losses.fused_loss("cpu", "fp32", "chunked")[0] is chunked_cross_entropy
+
+
+def test_the_padded_vocabulary_is_masked_out_of_both_losses_and_the_logits():
+    """GPT-2's padded vocabulary: the classic and the fused loss equal the cross-entropy over the first 50257
+    logits (the padded rows set to win every softmax), the padded rows get no gradient, and the logits the model
+    returns (HellaSwag's, sampling's) are -inf there. Any other vocabulary has no padding."""
+    assert (GPTConfig().real_vocab_size, GPTConfig(vocab_size=512).real_vocab_size) == (GPT2_VOCAB_SIZE, 512)
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=PADDED_VOCAB_SIZE)
+    torch.manual_seed(0)
+    classic_model, fused_model = GPT(config), GPT(config)
+    x = torch.randint(0, GPT2_VOCAB_SIZE, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def final_hidden():  # (B, T, C): what lm_head multiplies; independent of the padded rows (never inputs)
+        transformer = classic_model.transformer
+        return transformer.ln_f(transformer.h[0](transformer.wte(x) + transformer.wpe(torch.arange(8))))
+    with torch.no_grad():
+        classic_model.transformer.wte.weight[GPT2_VOCAB_SIZE:] = final_hidden().mean((0, 1)) * 10
+    fused_model.load_state_dict(classic_model.state_dict())
+    fused_model.loss_fn = lambda h, w, t, vocab: chunked_cross_entropy(h, w, t, vocab, chunk_rows=5)
+    results = []
+    for model in (classic_model, fused_model):
+        logits, loss = model(x, x)
+        loss.backward()
+        results.append((logits, loss, model.lm_head.weight.grad))
+    logits = results[0][0]
+    assert torch.isinf(logits[..., GPT2_VOCAB_SIZE:]).all() and (logits[..., GPT2_VOCAB_SIZE:] < 0).all()
+    assert torch.isfinite(logits[..., :GPT2_VOCAB_SIZE]).all()
+    with torch.no_grad():
+        unmasked = final_hidden() @ classic_model.lm_head.weight.t()
+        reference = F.cross_entropy(unmasked[..., :GPT2_VOCAB_SIZE].reshape(-1, GPT2_VOCAB_SIZE), x.view(-1))
+        assert F.cross_entropy(unmasked.view(-1, PADDED_VOCAB_SIZE), x.view(-1)) > reference + 1  # padding would win
+    for _, loss, weight_grad in results:
+        torch.testing.assert_close(loss, reference, rtol=1e-6, atol=0)
+        assert not weight_grad[GPT2_VOCAB_SIZE:].any() and weight_grad[:GPT2_VOCAB_SIZE].any()
+    torch.testing.assert_close(results[1][2], results[0][2], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fused_model(x)[0], logits)  # without targets: the same masked logits
+
+
+# inductor generates the kernels as in training (~10 s here); aot_eager traces the same graph and autograd, quickly
+@pytest.mark.parametrize("dtype,backend", [(torch.bfloat16, "inductor"), (torch.float16, "aot_eager")])
+def test_the_mask_is_the_dtypes_minus_infinity_under_torch_compile(dtype, backend):
+    """Half-precision logits masked in their own dtype, compiled forward and backward: the loss over the real
+    columns, no gradient into the padding."""
+    hidden, weight, targets = inputs(dtype, rows=6, width=8, vocab=20, real_vocab_size=13)
+
+    def loss_fn(h, w, t):
+        return F.cross_entropy(mask_padding(h @ w.t(), 13).float(), t)
+    ours = loss_and_grads(torch.compile(loss_fn, backend=backend, fullgraph=True), hidden, weight, targets)
+    theirs = loss_and_grads(lambda h, w, t: classic(h, w, t, 13), hidden, weight, targets)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-6, atol=0)
+    assert ours[2].dtype == dtype and not ours[2][13:].any() and torch.isfinite(ours[1]).all()

@@ -26,7 +26,7 @@ def engine_factory(limit, models, error=torch.OutOfMemoryError, steps=None):
     forward's micro-batch is appended to `steps` if given."""
     ds_config = json.loads((REPO / FP32_CONFIG).read_text())
 
-    def limited_loss(hidden, weight, targets):
+    def limited_loss(hidden, weight, targets, vocab):
         if steps is not None:
             steps.append(hidden.shape[0] // SEQ_LEN)
         if hidden.shape[0] > limit * SEQ_LEN:

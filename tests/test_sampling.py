@@ -1,7 +1,7 @@
 import torch
 
 from gpt.evaluate import sample
-from gpt.model import GPT, PRESETS
+from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
 
 def test_sampling_is_reproducible_and_leaves_the_training_rng_untouched():
@@ -28,3 +28,15 @@ def test_any_positive_temperature_samples():
         greedy.append(int(model(torch.tensor([greedy]))[0][0, -1, :50257].argmax()))
     assert tokens == greedy
     assert len(sample(model, [50256], 6, torch.Generator().manual_seed(1), torch.device("cpu"), temperature=1e308)) == 7
+
+
+def test_padded_ids_are_never_drawn_even_where_they_would_win():
+    """Padded rows that would take nearly all the probability (every final hidden state leans along the axis they
+    point along), every token a candidate (top_k beyond the vocabulary): only real token ids come out."""
+    torch.manual_seed(0)
+    model = GPT(PRESETS["tiny"]).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.bias[0] = 5.0
+        model.transformer.wte.weight[GPT2_VOCAB_SIZE:, 0] = 10.0
+    tokens = sample(model, [50256], 8, torch.Generator().manual_seed(1), torch.device("cpu"), top_k=10**6)
+    assert len(tokens) == 9 and max(tokens) < GPT2_VOCAB_SIZE

@@ -76,7 +76,7 @@ def main(argv=None):
             val_set = ValidationSet(find_shards(args.data, "val"), seq_len,
                                     (args.val_tokens or DEFAULT_VAL_TOKENS) // seq_len, args.batch)
             for path in dict.fromkeys(path for path, _ in val_set.windows):
-                check_token_range(path, config.vocab_size)
+                check_token_range(path, config.real_vocab_size)
         if args.hellaswag:
             examples = hellaswag.load(args.hellaswag)[:args.limit]
         device = choose_device(args.device)
