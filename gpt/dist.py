@@ -49,6 +49,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def threads_per_rank():
+    """A CPU rank's thread count: OMP_NUM_THREADS where it is set (by the user, or by DeepSpeed's
+    --bind_cores_to_rank), else this machine's cores shared among the ranks on it (one thread per core each
+    would oversubscribe). The count is part of the arithmetic: some CPU kernels sum per-thread partials
+    (LayerNorm's weight and bias gradients), so runs are bit-equal only with equal threads per rank
+    (docs/multinode.md)."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
+    return max(1, (os.cpu_count() or 1) // local_ranks)
+
+
 def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     """Join the process group (NCCL on GPUs, gloo on CPU) and return this rank's device. A plain
     `python train_ds.py` becomes a one-rank group, so the same code path serves every launch. A collective
@@ -63,9 +75,7 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     if accelerator.device_name() == "cpu":
         if os.environ.get("DSGPT_MALLOC_CACHE", "1") != "0":  # 0: glibc's defaults (bench/train.py's baseline)
             host_fixes.keep_freed_memory_in_heap()
-        # Each rank would otherwise start one thread per core: 2 ranks on 2 cores oversubscribe.
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+        torch.set_num_threads(threads_per_rank())
         # once, however many runs this process makes (tests, bench)
         atexit.unregister(host_fixes.release_cpu_comm_buffer)
         atexit.register(host_fixes.release_cpu_comm_buffer)

@@ -5,6 +5,7 @@ loading its ops, torch._dynamo's import when the optimizer is built); a tiny run
 import contextlib
 import gc
 import io
+import logging
 import os
 import signal
 import sys
@@ -33,13 +34,17 @@ def run_main(argv, main=train_ds.main):
     deterministic = torch.are_deterministic_algorithms_enabled()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     fp16_switch = vars(accelerator).get("is_fp16_supported")
-    log_streams = [handler.stream for handler in deepspeed_logger.handlers]
+    # DeepSpeed's console handler holds the stderr of the moment it was built: point it at err for the run. Only
+    # plain StreamHandlers, what loggers are built with for a console: subclasses keep their own targets (pytest
+    # >= 9.2 attaches its capturing handlers, and a NullHandler with no stream, to DeepSpeed's logger too).
+    log_streams = {handler: handler.stream for handler in deepspeed_logger.handlers
+                   if type(handler) is logging.StreamHandler}
     out, err = io.StringIO(), io.StringIO()
     code = 0
     try:
         os.chdir(REPO)
         os.environ["DSGPT_MALLOC_CACHE"] = "0"  # glibc's defaults: tests measure memory in this process too
-        for handler in deepspeed_logger.handlers:
+        for handler in log_streams:
             handler.setStream(err)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -65,7 +70,7 @@ def run_main(argv, main=train_ds.main):
             vars(accelerator).pop("is_fp16_supported", None)
         else:
             accelerator.is_fp16_supported = fp16_switch
-        for handler, stream in zip(deepspeed_logger.handlers, log_streams):
+        for handler, stream in log_streams.items():
             handler.setStream(stream)
         gc.collect()  # the run's engine and its buffers, before the next run
     return code, out.getvalue(), err.getvalue()

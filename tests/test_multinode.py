@@ -66,7 +66,9 @@ def losses(records):
 def node_env(tmp_path, data, port, node_rank, hostnames=("node0", "node1")):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{host} slots=1\n" for host in hostnames))
-    return {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "HOSTFILE": str(hostfile),
+    # OMP_NUM_THREADS=1: the two nodes share this machine's 2 cores, one each, as one node's 2 ranks do. Each
+    # would otherwise take both, and a rank's thread count changes the bits (test_a_ranks_thread_count_...).
+    return {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "HOSTFILE": str(hostfile), "OMP_NUM_THREADS": "1",
             "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DATA": str(data),
             "OUT_DIR": str(tmp_path / "out")}
 
