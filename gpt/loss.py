@@ -21,10 +21,11 @@ LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in 
 # --loss: `fused` is the fastest fused kernel for the device; `chunked` and `liger` name one (to measure them:
 # bench/train.py --only loss); `classic` the full fp32 logits.
 LOSS_CHOICES = ("fused", "chunked", "liger", "classic")
-# The kernel `fused` means on CUDA in bf16. liger-kernel until a GPU run of `bench/train.py --only loss` says
-# otherwise (issue 22): the one measurement so far (H100, 2026-11-22, a plain compiled loop, d12, micro-batch
-# 64) had liger at 454k tokens/s against the classic loss's 483k; the compiled chunked path is unmeasured.
-FUSED_ON_CUDA_BF16 = "liger"
+# The kernel `fused` means on CUDA in bf16: the chunked path until a GPU run of `bench/train.py --only loss` under
+# the trainer's real step says otherwise. Measured in the trainer on an H100 (2026-11-24, d12, zero1_bf16, 0.5M
+# tokens/step): chunked compiled 500-506k tokens/s at micro-batch 128 (64.6 GiB), classic compiled 491-522k at
+# 128 (76.65 GiB), liger eager 285-287k at 256; under whole-model compile liger crashed at step 0.
+FUSED_ON_CUDA_BF16 = "chunked"
 
 
 def memory_kind(loss):
@@ -74,6 +75,12 @@ def chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=C
     """hidden (N, C), weight (vocab, C), targets (N,) -> the mean fp32 cross-entropy of hidden @ weight.T over
     its first real_vocab_size columns (the rest masked, the matmul kept at the full width)."""
     return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, real_vocab_size, chunk_rows)
+
+
+def compile_safe(loss_fn):
+    """Whether dynamo may trace this loss (gpt.model.compile_regions): the classic loss (None) and the chunked
+    path, our own code; never another library's kernel."""
+    return loss_fn is None or loss_fn is chunked_cross_entropy
 
 
 def liger_problem(device_type, precision):

@@ -20,9 +20,9 @@ from gpt.evaluate import sample, validation_loss
 from gpt.flops import peak_flops
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
-from gpt.loss import model_with_loss
+from gpt.loss import compile_safe, model_with_loss
 from gpt.metrics import MetricsLogger, hparams_of
-from gpt.model import GPT, param_count
+from gpt.model import GPT, compile_regions, param_count
 from gpt.optim import OptimizerSettings, lr_at
 from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.probe import dividing_sizes, probe_micro_batch
@@ -173,9 +173,9 @@ def build(setup):
     if settings.init_from:
         model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
         say0(f"initial weights from {settings.init_from}")
+    if settings.compile:  # in place, before DeepSpeed wraps the model; another library's loss stays eager
+        compile_regions(model, compile_head=compile_safe(model.loss_fn))
     engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, OptimizerSettings.of(settings))
-    if settings.compile:
-        engine.compile()
     rank, world_size = dist.rank(), dist.world_size()
     train_loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
                                        rank, world_size, seed=settings.seed,

@@ -113,10 +113,13 @@ def test_micro_batch_auto_asks_the_planner(tmp_path, shakespeare_dir):
 
 
 @pytest.mark.slow
-def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir):
+@pytest.mark.parametrize("loss", ["fused", "classic"])  # fused: the chunked kernel, the one other than liger (CUDA)
+def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir, loss):
+    """--compile (each block, and the head with our own losses: gpt.model.compile_regions) gives eager's losses and
+    validation losses for every --loss that runs on a CPU, and samples."""
     config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
     args = [*TINY, *FP32_STEPS, "--max_steps", "2", "--ds_config", config, "--val_every", "1",
-            "--val_tokens", "512", "--sample_every", "1", "--sample_tokens", "8"]
+            "--val_tokens", "512", "--sample_every", "1", "--sample_tokens", "8", "--loss", loss]
     eager, _ = train(tmp_path / "eager", shakespeare_dir, *args)
     compiled, proc = train(tmp_path / "compiled", shakespeare_dir, *args, "--compile")
     for key in ("loss", "val_loss"):
