@@ -16,9 +16,12 @@ GiB = 2**30
 
 
 def is_out_of_memory(error):
-    """torch's OutOfMemoryError, or a library's RuntimeError saying the same (cuBLAS, NCCL allocations)."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+    """Whether `error` is an allocation that failed: torch's OutOfMemoryError, a library's RuntimeError saying the
+    same (cuBLAS, NCCL allocations), the CPU allocator's ("DefaultCPUAllocator: can't allocate memory"), Python's
+    MemoryError."""
+    text = str(error).lower()
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
 
 
 def dividing_sizes(total_batch_tokens, seq_len, world_size, largest):
@@ -52,9 +55,14 @@ def try_step(new_engine, micro_batch, seq_len, vocab_size, device, steps=STEPS):
         if engine is not None:
             engine.destroy()
         del engine
-        gc.collect()
-        get_accelerator().empty_cache()
+        release_memory()
     return on_every_rank(fits, device), peak
+
+
+def release_memory():
+    """Return what freed tensors held to the device, the caching allocator's blocks too (after an engine is dropped)."""
+    gc.collect()
+    get_accelerator().empty_cache()
 
 
 def _step(engine, micro_batch, seq_len, vocab_size, device):

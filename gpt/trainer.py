@@ -25,7 +25,7 @@ from gpt.metrics import MetricsLogger, hparams_of
 from gpt.model import GPT, compile_regions, param_count
 from gpt.optim import OptimizerSettings, lr_at
 from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
-from gpt.probe import dividing_sizes, probe_micro_batch
+from gpt.probe import dividing_sizes, is_out_of_memory, on_every_rank, probe_micro_batch, release_memory
 from gpt.profiling import step_profiler
 from gpt.progress import Progress
 from gpt.settings import Settings
@@ -63,6 +63,10 @@ class StopTraining(Exception):
 
 class DiskProblem(StopTraining):
     """A write failed on a full or read-only disk: on this rank, maybe not on the others."""
+
+
+class FirstStepOutOfMemory(Exception):
+    """--micro_batch auto's size ran out of memory in the run's first step on every rank: build it smaller."""
 
 
 def setup(settings):
@@ -144,27 +148,62 @@ def new_model(setup):
     return model_with_loss(setup.model_config, setup.settings.loss, setup.device.type, precision(setup.ds_config))
 
 
+def new_engine(setup, model, micro_batch, grad_accum):
+    """The DeepSpeed engine around model as the run steps it: compiled by region with --compile (in place, before
+    DeepSpeed wraps it; another library's loss kernel stays eager). The probe's throwaway engines are built here
+    too, so that it measures the step the run takes."""
+    if setup.settings.compile:
+        compile_regions(model, compile_head=compile_safe(model.loss_fn))
+    return ds_engine.initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(setup.settings))
+
+
+def with_micro_batch(setup, micro_batch):
+    """The setup at another micro-batch: its accumulation and run config follow."""
+    settings, world_size = replace(setup.settings, micro_batch=micro_batch), dist.world_size()
+    return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings, world_size),
+                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
+
+
+def forget_compiled_code(setup):
+    """Drop torch.compile's graphs after steps at other micro-batches (the probe's, a first step that ran out of
+    memory), so that the run compiles for its own static shapes, not a dynamic batch dimension."""
+    if setup.settings.compile:
+        torch._dynamo.reset()
+
+
 def probe(setup):
     """--micro_batch auto on a GPU: one real step at the planned micro-batch on a throwaway engine built as
-    build() builds the real one, smaller sizes bisected on out-of-memory (gpt/probe.py). Returns the setup
-    with the largest micro-batch that fits and divides the token budget. Eager even with --compile, whose
-    fused kernels need less memory, not more."""
+    build() builds the real one (compiled when the run compiles), smaller sizes that divide the token budget
+    bisected on out-of-memory (gpt/probe.py). Returns the setup at the largest that fits."""
     settings, plan, world_size = setup.settings, setup.auto_plan, dist.world_size()
     candidates = dividing_sizes(settings.total_batch_tokens, settings.seq_len, world_size, plan["micro_batch"])
-    probed = probe_micro_batch(
-        lambda micro_batch: ds_engine.initialize(new_model(setup)[0], setup.ds_config, micro_batch, 1,
-                                                 OptimizerSettings.of(settings)),
-        candidates, settings.seq_len, setup.model_config.vocab_size, setup.device, log=say0)
+    probed = probe_micro_batch(lambda micro_batch: new_engine(setup, new_model(setup)[0], micro_batch, 1),
+                               candidates, settings.seq_len, setup.model_config.vocab_size, setup.device, log=say0)
     torch.manual_seed(settings.seed)  # the probe drew random numbers: the same initial weights as without it
+    forget_compiled_code(setup)
     if probed is None:
         exit_with(f"--micro_batch auto: even micro-batch {candidates[0]} runs out of memory on this GPU; use ZeRO-2, "
                   f"activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more GPUs", 2)
-    settings = replace(settings, micro_batch=probed)
-    grad_accum = gradient_accumulation(settings, world_size)
+    setup = with_micro_batch(setup, probed)
     say0(f"--micro_batch auto: planned {plan['micro_batch']} (largest fitting the plan: {plan['max_micro_batch']}), "
-           f"probed {probed}: micro_batch {probed} x grad_accum {grad_accum}")
-    return replace(setup, settings=settings, grad_accum=grad_accum,
-                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
+           f"probed {probed}: micro_batch {probed} x grad_accum {setup.grad_accum}")
+    return setup
+
+
+def smaller_micro_batch(setup):
+    """--micro_batch auto after its size ran out of memory in the run's first step on every rank: the setup at the
+    next smaller size that divides the token budget, said in one line; exits when there is none."""
+    settings = setup.settings
+    smaller = dividing_sizes(settings.total_batch_tokens, settings.seq_len, dist.world_size(), settings.micro_batch - 1)
+    if not smaller:
+        exit_with(f"--micro_batch auto: even micro-batch {settings.micro_batch} ran out of memory in the run's first "
+                  f"step; use ZeRO-2, activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more "
+                  f"GPUs", 1, every_rank=True)
+    say0(f"--micro_batch auto: micro-batch {settings.micro_batch} ran out of memory in the run's first step; "
+         f"falling back to {smaller[-1]}")
+    torch.manual_seed(settings.seed)  # the same initial weights as a run started at that size
+    forget_compiled_code(setup)
+    return with_micro_batch(setup, smaller[-1])
 
 
 def build(setup):
@@ -173,9 +212,7 @@ def build(setup):
     if settings.init_from:
         model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
         say0(f"initial weights from {settings.init_from}")
-    if settings.compile:  # in place, before DeepSpeed wraps the model; another library's loss stays eager
-        compile_regions(model, compile_head=compile_safe(model.loss_fn))
-    engine = ds_engine.initialize(model, setup.ds_config, settings.micro_batch, setup.grad_accum, OptimizerSettings.of(settings))
+    engine = new_engine(setup, model, settings.micro_batch, setup.grad_accum)
     rank, world_size = dist.rank(), dist.world_size()
     train_loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
                                        rank, world_size, seed=settings.seed,
@@ -341,6 +378,21 @@ def guard_step(run, step, loss, skipped):
         raise StopTraining(bad)
 
 
+def first_step(run, step):
+    """The run's first optimizer step under --micro_batch auto. Out of memory on every rank raises
+    FirstStepOutOfMemory: the size the plan and probe chose did not fit the real step after all. Every rank says
+    whether its step fitted (one collective, this step only); ranks run out together (the same shapes and memory)."""
+    try:
+        optimizer_step(run, step)
+        fitted = True
+    except Exception as error:  # noqa: BLE001 -- out-of-memory is an answer here; anything else is re-raised
+        if not is_out_of_memory(error):
+            raise
+        fitted = False  # leaving this block drops the error, its traceback and the step's tensors
+    if not on_every_rank(fitted, run.device):
+        raise FirstStepOutOfMemory
+
+
 def optimizer_step(run, step):
     """One step as fit takes it: train, log, the guard's verdict. Returns the loss."""
     lr = run.engine.get_lr()[0]
@@ -379,13 +431,22 @@ def log_samples(run, step):
     run.logger.text("samples", text, step)
 
 
-def fit(run, start_step, stop):
+def fit(run, start_step, stop, auto=False):
+    """Train from start_step to --max_steps. auto (--micro_batch auto): the first step may raise
+    FirstStepOutOfMemory (first_step)."""
     settings = run.settings
     stop.started()  # from here a stop finishes the step and saves
     profiler = step_profiler(settings.profile, settings.out_dir, run.device.type, run.engine.global_rank)
     for step in range(start_step, settings.max_steps):
         last = step == settings.max_steps - 1
-        optimizer_step(run, step)
+        if auto and step == start_step:
+            try:
+                first_step(run, step)
+            except FirstStepOutOfMemory:
+                profiler.stop()
+                raise
+        else:
+            optimizer_step(run, step)
         profiler.step()
         if settings.val_every and (step % settings.val_every == 0 or last):
             val = validation_loss(run.engine, run.val_set, run.device)
@@ -430,12 +491,6 @@ def train(settings, stop=None):
         stop.close()
 
 
-def out_of_memory(error):
-    """Whether `error` is an allocation that failed: torch.OutOfMemoryError on a GPU, the CPU allocator's
-    RuntimeError ("DefaultCPUAllocator: can't allocate memory"), Python's MemoryError."""
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(error)
-
-
 def out_of_memory_message(prepared, error):
     """One line for an allocation that failed while the model and its engine were built: the model, what its
     states need per rank (the planner's count), what to do, and the allocator's own first line."""
@@ -449,17 +504,42 @@ def out_of_memory_message(prepared, error):
             f"rank): choose a smaller model, more ranks with ZeRO 1 or 2, or a device with more memory ({reason})")
 
 
+def build_or_exit(prepared):
+    try:
+        return build(prepared)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not is_out_of_memory(e):
+            raise
+        exit_with(out_of_memory_message(prepared, e), 1, every_rank=True)
+
+
+def close_run(run):
+    """Free a run that does not go on: its loader's thread, its logs, its engine's memory."""
+    run.train_loader.close()
+    run.logger.close()
+    run.engine.destroy()
+
+
+def build_and_fit(prepared, stop):
+    """build, resume, fit. Under --micro_batch auto, a first step out of memory on every rank builds the run again at
+    the next smaller size that divides the token budget (one line), from the same initial weights or checkpoint."""
+    while True:
+        run = build_or_exit(prepared)
+        try:
+            return fit(run, resume(run, prepared.resume_from, prepared.resume_kind), stop,
+                       auto=prepared.auto_plan is not None)
+        except FirstStepOutOfMemory:
+            close_run(run)
+        del run
+        release_memory()
+        prepared = smaller_micro_batch(prepared)
+
+
 def train_or_exit(settings, stop):
     """The run from setup to its end; exits with one message, and the last good checkpoint, when it cannot go on."""
     prepared = prepare(settings)
     try:
-        try:
-            run = build(prepared)
-        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
-            if not out_of_memory(e):
-                raise
-            exit_with(out_of_memory_message(prepared, e), 1, every_rank=True)
-        fit(run, resume(run, prepared.resume_from, prepared.resume_kind), stop)
+        build_and_fit(prepared, stop)
     except DiskProblem as e:
         exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", 1, every_rank=True)
     except StopTraining as e:

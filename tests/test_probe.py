@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from gpt import engine as ds_engine
+from gpt import loss as losses
+from gpt.loss import chunked_cross_entropy
 from gpt.model import GPT, GPTConfig
 from gpt.optim import OptimizerSettings
 from gpt import measure
 from gpt.measure import format_report, measure_row, report_header
 from gpt.probe import dividing_sizes, probe_micro_batch, search_largest
-from conftest import FP32_CONFIG, HALF, REPO, TINY, out_dir_of, succeeded, two_rank_run
+from conftest import FP32_CONFIG, HALF, REPO, TINY, out_dir_of, succeeded, train, train_losses, two_rank_run
 
 SEQ_LEN, VOCAB = 16, 128
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=SEQ_LEN, vocab_size=VOCAB)
@@ -144,3 +146,37 @@ def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(two_
         assert rank["grad_accum"] == 2048 // (4 * 32 * 2) and rank["same_init"]
     assert ranks[0]["loss"] == ranks[1]["loss"]
     assert "--micro_batch auto: planned 32" in out.stdout and "probed 4: micro_batch 4 x grad_accum 8" in out.stdout
+
+
+def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, shakespeare_dir,
+                                                                                          monkeypatch):
+    """--micro_batch auto whose size then runs out of memory in the run's first step (compiled; out-of-memory
+    simulated in the loss): the run is built again at the next smaller size that divides the token budget, one line
+    each time, and trains as a run started at that size does."""
+    def limited(hidden, weight, targets, real_vocab_size):
+        if hidden.shape[0] > 16 * 64:
+            raise torch.OutOfMemoryError("simulated: over 16 sequences")
+        return chunked_cross_entropy(hidden, weight, targets, real_vocab_size)
+
+    monkeypatch.setattr(losses, "fused_loss", lambda *args: (limited, "chunked, out of memory over 16 sequences"))
+    args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "2048", "--compile"]
+    auto, proc = train(tmp_path / "auto", shakespeare_dir, *args, "--micro_batch", "auto")
+    fallbacks = [line for line in proc.stdout.splitlines() if "falling back" in line]
+    assert fallbacks == ["--micro_batch auto: micro-batch 32 ran out of memory in the run's first step; falling back to 16"]
+    assert "1 rank(s) x micro_batch 16 x seq_len 64 x grad_accum 2" in proc.stdout
+    fixed, _ = train(tmp_path / "fixed", shakespeare_dir, *args, "--micro_batch", "16")
+    assert train_losses(auto) == pytest.approx(train_losses(fixed), rel=1e-6) and len(train_losses(auto)) == 3
+
+
+def test_auto_exits_with_one_line_when_even_the_smallest_size_runs_out_of_memory(tmp_path, shakespeare_dir,
+                                                                                 monkeypatch):
+    def never_fits(hidden, weight, targets, real_vocab_size):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(losses, "fused_loss", lambda *args: (never_fits, "always out of memory"))
+    args = [*TINY, "--max_steps", "2", "--total_batch_tokens", "128", "--micro_batch", "auto"]
+    _, proc = train(tmp_path, shakespeare_dir, *args, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == (
+        "error: --micro_batch auto: even micro-batch 1 ran out of memory in the run's first step; use ZeRO-2, "
+        "activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more GPUs")
