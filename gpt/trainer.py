@@ -165,8 +165,8 @@ def with_micro_batch(setup, micro_batch):
 
 
 def forget_compiled_code(setup):
-    """Drop torch.compile's graphs after steps at other micro-batches (the probe's, a first step that ran out of
-    memory), so that the run compiles for its own static shapes, not a dynamic batch dimension."""
+    """Drop torch.compile's graphs after steps at another micro-batch (a probe's, a first step that ran out of
+    memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
     if setup.settings.compile:
         torch._dynamo.reset()
 
@@ -177,8 +177,13 @@ def probe(setup):
     bisected on out-of-memory (gpt/probe.py). Returns the setup at the largest that fits."""
     settings, plan, world_size = setup.settings, setup.auto_plan, dist.world_size()
     candidates = dividing_sizes(settings.total_batch_tokens, settings.seq_len, world_size, plan["micro_batch"])
-    probed = probe_micro_batch(lambda micro_batch: new_engine(setup, new_model(setup)[0], micro_batch, 1),
-                               candidates, settings.seq_len, setup.model_config.vocab_size, setup.device, log=say0)
+
+    def throwaway_engine(micro_batch):
+        forget_compiled_code(setup)  # each size compiled for its static shape, as the run will be
+        return new_engine(setup, new_model(setup)[0], micro_batch, 1)
+
+    probed = probe_micro_batch(throwaway_engine, candidates, settings.seq_len, setup.model_config.vocab_size,
+                               setup.device, log=say0)
     torch.manual_seed(settings.seed)  # the probe drew random numbers: the same initial weights as without it
     forget_compiled_code(setup)
     if probed is None:
