@@ -95,17 +95,17 @@ def on_every_rank(flag, device):
 
 def search_largest(fits, start, last):
     """The largest index in 0..last for which fits(index) holds, -1 for none, fits assumed monotone (a size
-    that fits makes every smaller one fit). Tries `start` first (the plan's answer, usually close): if it
-    fits, up in doubling strides (start + 1, + 2, + 4, ...) to the first failure, else down; then bisects."""
-    low, high = -1, start  # fits(low) holds (-1: none known), fits(high) does not (last + 1: none known)
-    if fits(start):
-        low, high, stride = start, last + 1, 1
-        while low < last:
-            index = min(low + stride, last)
-            if not fits(index):
-                high = index
-                break
-            low, stride = index, 2 * stride
+    that fits makes every smaller one fit). Tries `start` first (the plan's answer, usually close), then away
+    from it in doubling strides (+1, +2, +4, ... while it fits; -1, -2, -4, ... while it does not) until the
+    answer changes, then bisects: an answer next to the plan costs two tries, and each try may be a compile."""
+    low, high = -1, last + 1  # fits(low) holds (-1: none known), fits(high) does not (last + 1: none known)
+    index, stride = start, 1
+    while low < index < high:  # stops once a stride jumps past the other bound: both are known
+        if fits(index):
+            low, index = index, min(index + stride, last)
+        else:
+            high, index = index, max(index - stride, 0)
+        stride *= 2
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
@@ -114,7 +114,7 @@ def search_largest(fits, start, last):
 
 def probe_micro_batch(new_engine, candidates, seq_len, vocab_size, device, log=print):
     """The largest of `candidates` (ascending; the last is the plan's choice) whose steps fit, trying the
-    plan's first and bisecting below it on out-of-memory; None when not even the smallest fits."""
+    plan's first and stepping down from it on out-of-memory; None when not even the smallest fits."""
     def fits(index):
         ok, peak = try_step(new_engine, candidates[index], seq_len, vocab_size, device)
         log(f"--micro_batch auto: probe at micro-batch {candidates[index]}: {verdict(ok, peak)}")

@@ -20,9 +20,9 @@ from gpt.evaluate import sample, validation_loss
 from gpt.flops import peak_flops
 from gpt.guard import SpikeGuard, install_grad_norm_hook
 from gpt.hf import load_hf_weights
-from gpt.loss import compile_safe, model_with_loss
+from gpt.loss import compile_model, model_with_loss
 from gpt.metrics import MetricsLogger, hparams_of
-from gpt.model import GPT, compile_regions, param_count
+from gpt.model import GPT, param_count
 from gpt.optim import OptimizerSettings, lr_at
 from gpt.preflight import gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.probe import dividing_sizes, is_out_of_memory, on_every_rank, probe_micro_batch, release_memory
@@ -149,11 +149,10 @@ def new_model(setup):
 
 
 def new_engine(setup, model, micro_batch, grad_accum):
-    """The DeepSpeed engine around model as the run steps it: compiled by region with --compile (in place, before
-    DeepSpeed wraps it; another library's loss kernel stays eager). The probe's throwaway engines are built here
-    too, so that it measures the step the run takes."""
+    """The DeepSpeed engine around model as the run steps it: compiled with --compile (gpt.loss.compile_model).
+    The probe's throwaway engines are built here too, so that it measures the step the run takes."""
     if setup.settings.compile:
-        compile_regions(model, compile_head=compile_safe(model.loss_fn))
+        compile_model(model)
     return ds_engine.initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(setup.settings))
 
 

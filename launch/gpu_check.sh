@@ -65,8 +65,8 @@ if part main; then  # README's GPU recipe with every default; only the length, t
   GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
   MAIN=(deepspeed --num_gpus "$GPUS" train_ds.py --ds_config ds_configs/zero1_bf16.json --micro_batch auto
         --data "$DATA" --out_dir "$REPORT/main" --val_every 10 --sample_every 30)
-  step main 240 "${MAIN[@]}" --max_steps 30
-  step main_resume 120 "${MAIN[@]}" --max_steps 40 --resume auto
+  step main 300 "${MAIN[@]}" --max_steps 30
+  step main_resume 150 "${MAIN[@]}" --max_steps 40 --resume auto
 fi
 
 if part pytest; then

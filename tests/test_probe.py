@@ -48,9 +48,10 @@ def test_dividing_sizes_are_the_micro_batches_that_split_the_token_budget():
     assert dividing_sizes(6 * 64, 32, 1, 11) == [1, 2, 3, 4, 6]
 
 
-@pytest.mark.parametrize("limit, expected, probed", [(40, 32, [32]), (5, 4, [32, 4, 8]), (1, 1, [32, 4, 1, 2]),
-                                                     (0, None, [32, 4, 1])])
-def test_the_probe_bisects_below_the_plan_to_the_largest_size_that_fits(single_rank_group, limit, expected,
+@pytest.mark.parametrize("limit, expected, probed", [(40, 32, [32]), (16, 16, [32, 16]),
+                                                     (5, 4, [32, 16, 4, 8]), (1, 1, [32, 16, 4, 1, 2]),
+                                                     (0, None, [32, 16, 4, 1])])
+def test_the_probe_steps_down_from_the_plan_to_the_largest_size_that_fits(single_rank_group, limit, expected,
                                                                         probed):
     models, log = [], []
     candidates = dividing_sizes(32 * SEQ_LEN, SEQ_LEN, 1, 32)
@@ -91,7 +92,7 @@ def test_the_search_finds_the_largest_fitting_index_from_any_start(last):
 @pytest.mark.parametrize("limit, planned, tried, measured", [
     (13, 4, [4, 5, 7, 11, 19, 15, 13, 14], 13),  # the plan under the GPU's answer: up in doubling strides, bisect
     (40, 32, [32], 32),  # the whole token budget on one GPU fits: the search stops there
-    (0, 4, [4, 2, 1], None)])  # not even one sequence
+    (0, 4, [4, 3, 1], None)])  # not even one sequence
 def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, planned, tried, measured):
     """gpt-plan --measure's search with the simulated out-of-memory: 32 sequences of budget (--total_batch_tokens
     = 32 x seq_len), each size two steps on a fresh engine, every engine freed, the report's table."""
