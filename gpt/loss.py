@@ -24,9 +24,10 @@ LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in 
 # bench/train.py --only loss); `classic` the full fp32 logits.
 LOSS_CHOICES = ("fused", "chunked", "liger", "classic")
 # The kernel `fused` means on CUDA in bf16: the chunked path until a GPU run of `bench/train.py --only loss` under
-# the trainer's real step says otherwise. Measured in the trainer on an H100 (2026-11-24, d12, zero1_bf16, 0.5M
-# tokens/step): chunked compiled 500-506k tokens/s at micro-batch 128 (64.6 GiB), classic compiled 491-522k at
-# 128 (76.65 GiB), liger eager 285-287k at 256; under whole-model compile liger crashed at step 0.
+# the trainer's real step says otherwise. Measured in the trainer on an H100 (d12, zero1_bf16, 0.5M tokens/step,
+# micro-batch 128): chunked, per-chunk math compiled 451-461k tokens/s at 42.3 GiB (2026-11-26); chunked traced
+# whole 488-506k at 64.2-64.6 GiB (it kept the logits); classic compiled 491-522k at 76.65 GiB; liger eager
+# 285-287k at 256 (2026-11-24); under whole-model compile liger crashed at step 0.
 FUSED_ON_CUDA_BF16 = "chunked"
 
 
