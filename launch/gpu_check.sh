@@ -7,9 +7,9 @@
 #                     a sample and a save; main_resume.*: --resume auto for 10 more. summary.md: the micro-batch
 #                     auto chose, steady tokens/s, MFU and peak memory (the plain compiled loop: bench below)
 #   pytest.txt        python -m pytest -m gpu tests (tests/test_gpu.py and the bench's CUDA smoke test)
-#   measure_*.json    gpt-plan --measure for d12, classic and fused loss: zero1_bf16 with the default allocator
-#                     and with expandable segments, zero2_fp16 capped at 31.75 GiB (a V100-32GB), the _ckpt configs
-#                     (the JSON is what tests/data/gpu_measure_*.json holds: the planner must then hold every row)
+#   measure_*.json    gpt-plan --measure for d12, fused and classic loss, compiled as the trainer runs: zero1_bf16,
+#                     and zero2_fp16 capped at 31.75 GiB (a V100-32GB) (the JSON is what tests/data/gpu_measure_*.json
+#                     holds: the planner must then hold every row)
 #   bench.md/.json    bench/train.py --only speed deterministic: the trainer's tokens/s and MFU at d12, T=1024,
 #                     0.5M tokens/step (eager/compiled x fused/classic) against a plain compiled PyTorch loop;
 #                     the cost of --deterministic. (Which kernel --loss fused should mean is a run of its own,
@@ -74,14 +74,10 @@ if part pytest; then
   cp "$REPORT/pytest.out" "$REPORT/pytest.txt"
 fi
 
-if part measure; then
+if part measure; then  # compiled as the trainer runs (a compile per size: the sizes dividing the budget)
   MEASURE=(python -m gpt.plan --measure --model d12 --seq_len 1024 --loss fused classic --json)
-  step measure_zero1_bf16_default 60 "${MEASURE[@]}" --ds_config ds_configs/zero1_bf16.json --allocator default
-  step measure_expandable 120 "${MEASURE[@]}" --allocator expandable_segments --ds_config ds_configs/zero1_bf16.json \
-    ds_configs/zero1_bf16_ckpt.json ds_configs/zero2_bf16_ckpt.json ds_configs/zero1_fp16_ckpt.json \
-    ds_configs/zero2_fp16_ckpt.json
-  step measure_v100_32gb 60 "${MEASURE[@]}" --ds_config ds_configs/zero2_fp16.json ds_configs/zero2_fp16_ckpt.json \
-    --gpu_mem 31.75
+  step measure_zero1_bf16 120 "${MEASURE[@]}" --ds_config ds_configs/zero1_bf16.json
+  step measure_v100_32gb 120 "${MEASURE[@]}" --ds_config ds_configs/zero2_fp16.json --gpu_mem 31.75
   for out in "$REPORT"/measure_*.out; do  # stdout is the JSON report (progress and DeepSpeed's logs: NAME.log)
     mv "$out" "${out%.out}.json"
   done

@@ -89,33 +89,39 @@ def test_the_search_finds_the_largest_fitting_index_from_any_start(last):
             assert len(tried) <= 2 * math.ceil(math.log2(last + 2)), (limit, start, tried)
 
 
-@pytest.mark.parametrize("limit, planned, tried, measured", [
-    (13, 4, [4, 5, 7, 11, 19, 15, 13, 14], 13),  # the plan under the GPU's answer: up in doubling strides, bisect
-    (40, 32, [32], 32),  # the whole token budget on one GPU fits: the search stops there
-    (0, 4, [4, 3, 1], None)])  # not even one sequence
-def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, planned, tried, measured):
+@pytest.mark.parametrize("limit, planned, compiled, tried, measured, out_of_memory", [
+    (13, 4, False, [4, 5, 7, 11, 19, 15, 13, 14], 13, 14),  # the plan under the answer: up in doubling strides, bisect
+    (40, 32, False, [32], 32, None),  # the whole token budget on one GPU fits: the search stops there
+    (0, 4, False, [4, 3, 1], None, 1),  # not even one sequence
+    (13, 4, True, [4, 8, 32, 16], 8, 16),  # compiled: only the sizes dividing the budget (1, 2, 4, 8, 16, 32)
+    (13, 20, True, [16, 8], 8, 16)])  # compiled, the plan above the answer: from the largest dividing size under it
+def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, planned, compiled, tried, measured,
+                                                   out_of_memory):
     """gpt-plan --measure's search with the simulated out-of-memory: 32 sequences of budget (--total_batch_tokens
-    = 32 x seq_len), each size two steps on a fresh engine, every engine freed, the report's table."""
+    = 32 x seq_len), each size two steps on a fresh engine, every engine freed, the report's table. Eager it
+    tries every size (the raw maximum exact); compiled, a compile per size, only the sizes a run can use."""
     models, log = [], []
     plan = {"max_micro_batch": planned}
     row = measure_row(engine_factory(limit, models), plan, 32 * SEQ_LEN, SEQ_LEN, VOCAB, torch.device("cpu"),
-                      log=log.append)
+                      log=log.append, dividing_only=compiled)
     assert [t["micro_batch"] for t in row["tries"]] == tried and len(log) == len(tried)
     assert [t["fits"] for t in row["tries"]] == [size <= limit for size in tried]
     assert row["measured_max_micro_batch"] == measured and row["capped_at_budget"] == (measured == 32)
-    assert row["measured_micro_batch"] == {13: 8, 32: 32, None: None}[measured]  # the largest dividing 32
+    assert row["first_out_of_memory"] == out_of_memory
+    assert row["measured_micro_batch"] == {13: 8, 8: 8, 32: 32, None: None}[measured]  # the largest dividing 32
     assert row["planned_over_measured"] == (planned / measured if measured else None)
     assert row["peak_alloc_gib"] is None and row["search_s"] > 0  # peaks are the GPU allocator's; on CPU the RSS
     gc.collect()
     assert all(model() is None for model in models), "a measured model outlived its engine"
-    report = report_header("CPU", 2 * 2**30, 0, None, "tiny", CONFIG, SEQ_LEN, 32 * SEQ_LEN)
+    report = report_header("CPU", 2 * 2**30, 0, None, "tiny", CONFIG, SEQ_LEN, 32 * SEQ_LEN, compiled=compiled)
     report["rows"].append({"ds_config": FP32_CONFIG, "loss": "fused", "allocator": "default", **row})
     table = format_report(report).splitlines()
-    assert table[0].startswith(f"tiny, seq_len {SEQ_LEN}, 1 rank, 2 eager steps per try, on CPU (2.00 GiB); ")
-    measured_cell = {13: "13", 32: ">= 32 (budget)", None: "-"}[measured]
+    steps = "2 compiled steps per try, sizes dividing the budget" if compiled else "2 eager steps per try"
+    assert table[0].startswith(f"tiny, seq_len {SEQ_LEN}, 1 rank, {steps}, on CPU (2.00 GiB); ")
+    measured_cell = {32: ">= 32 (budget)", None: "-"}.get(measured, str(measured))
     ratio = f"{planned / measured:.2f}" if measured else "-"
-    assert table[-1].startswith(f"| zero2_fp32.json | fused | default | {planned} | {measured_cell} | {ratio} | - | - "
-                                f"| {len(tried)} | ")
+    assert table[-1].startswith(f"| zero2_fp32.json | fused | default | {planned} | {measured_cell} | "
+                                f"{out_of_memory or '-'} | {ratio} | - | - | {len(tried)} | ")
 
 
 def test_measure_all_takes_the_configs_whose_precision_the_gpu_has(monkeypatch):

@@ -4,6 +4,7 @@ on this GPU (gpt/measure.py).
     gpt-plan --model d12 --seq_len 1024 --ds_config ds_configs/zero1_bf16.json --gpu a800-80gb --world_size 8
     python -m gpt.plan ...                                   # the same without installing
 """
+import argparse
 import json
 import math
 
@@ -36,6 +37,10 @@ def build_parser():
     p.add_argument("--measure", action="store_true",
                    help="train on this machine's GPU to find the largest micro-batch that fits, next to the plan "
                         "(gpt/measure.py)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --measure: each size's steps compiled as the trainer runs them on CUDA (default; a "
+                        "compile per size, so only sizes dividing --total_batch_tokens are tried); --no-compile: "
+                        "eager, every size, the exact largest")
     p.add_argument("--all", action="store_true",
                    help="with --measure: every ds_configs/*.json whose precision this GPU has")
     p.add_argument("--json", action="store_true", help="print JSON: one object per plan (a list for several), or "
