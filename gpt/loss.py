@@ -3,15 +3,17 @@
 The classic loss materialises the logits in the compute dtype, their fp32 copy for the log-softmax and,
 in backward, the fp32 and half-precision logits gradients: measured on an H100, two thirds of a d12
 sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
-- on CUDA in bf16 with liger-kernel installed (`pip install -e .[cuda]`), its Triton fused linear
+- `--loss liger` on CUDA in bf16 with liger-kernel installed (`pip install -e .[cuda]`): its Triton fused linear
   cross-entropy (gradients computed in the forward pass, accumulated in fp32);
-- everywhere else the chunked PyTorch path below: the same math as the classic loss (fp32
-  log-softmax), each chunk's logits recomputed in backward. It is written by hand because no well-kept
-  CPU library does it; liger is not used for fp16 because it computes gradients before the loss scale
-  is applied, where fp16 underflows.
+- `fused` (the default) and `chunked`: the chunked PyTorch path below, the same math as the classic loss (fp32
+  log-softmax). In bf16 each chunk's gradient is made in the forward pass as liger does; in fp16 and fp32 each
+  chunk's logits are recomputed in backward, since fp16's loss scale must act before the gradient is rounded,
+  where small gradients underflow (the reason liger is not used for fp16). Under --compile each chunk's math is
+  compiled (compile_model). It is written by hand because no well-kept CPU library does it.
 Both take the model's real vocabulary size (GPTConfig.real_vocab_size): the columns beyond it (GPT-2's padding)
 get no probability and no gradient, as in the classic loss.
 """
+import collections
 import functools
 
 import torch
@@ -52,36 +54,74 @@ def chunk_logits_grad(hidden, weight, targets, lse, scale, real_vocab_size):
     return grad.mul_(scale).to(hidden.dtype)
 
 
+def chunk_forward_and_grad(hidden, weight, targets, scale, real_vocab_size):
+    """chunk_forward and chunk_logits_grad from one matmul: (log-sum-exp, summed loss, the logits' gradient)."""
+    logits = mask_padding((hidden @ weight.t()).float(), real_vocab_size)
+    lse = torch.logsumexp(logits, dim=-1)
+    loss = (lse - logits.gather(1, targets[:, None]).squeeze(1)).sum()
+    grad = logits.sub(lse[:, None]).exp_()
+    grad[torch.arange(grad.shape[0], device=grad.device), targets] -= 1
+    return lse, loss, grad.mul_(scale).to(hidden.dtype)
+
+
+ChunkKernels = collections.namedtuple("ChunkKernels", "forward logits_grad forward_and_grad")
+EAGER_KERNELS = ChunkKernels(chunk_forward, chunk_logits_grad, chunk_forward_and_grad)
+
+
 @functools.cache
 def compiled_chunk_kernels():
-    """chunk_forward and chunk_logits_grad under torch.compile, each a graph of its own with static shapes
-    (the elementwise work on a chunk's logits fused into few kernels)."""
-    return torch.compile(chunk_forward, dynamic=False), torch.compile(chunk_logits_grad, dynamic=False)
+    """The chunk kernels under torch.compile, each a graph of its own with static shapes (the elementwise work on
+    a chunk's logits fused into few kernels)."""
+    return ChunkKernels(*(torch.compile(kernel, dynamic=False) for kernel in EAGER_KERNELS))
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """mean over rows of cross_entropy(hidden @ weight.T in fp32, columns from real_vocab_size on masked to -inf,
-    targets), without keeping the logits:
-    forward keeps each row's log-sum-exp; backward recomputes a chunk's logits, turns them into the
-    gradient in fp32 (scaled by the incoming gradient, so fp16 loss scaling acts as in the classic loss),
-    casts it to the compute dtype and multiplies it out, accumulating the weight gradient in fp32.
-    `kernels` does each chunk's math: (chunk_forward, chunk_logits_grad), or their compiled twins."""
+    targets), without keeping the logits. Two ways, by the compute dtype:
+    - bf16, when a gradient is wanted: forward also turns each chunk's logits into their gradient and multiplies
+      it out (as liger-kernel does), keeping the input gradients for backward, which scales them by the
+      incoming gradient: one logits matmul per chunk, none recomputed;
+    - otherwise forward keeps each row's log-sum-exp, and backward recomputes a chunk's logits and turns them
+      into the gradient in fp32, scaled by the incoming gradient first: fp16's loss scale must act before the
+      cast, where small gradients would underflow (and fp32 runs keep their bits: tests/data's loss curve).
+    Either way the gradient is cast to the compute dtype and multiplied out, the weight gradient accumulated in
+    fp32. `kernels` does each chunk's math: EAGER_KERNELS or compiled_chunk_kernels()."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, real_vocab_size, chunk_rows, kernels):
-        forward_chunk = kernels[0]
+    def forward(ctx, hidden, weight, targets, real_vocab_size, chunk_rows, kernels, with_grad):
+        grads_now = with_grad and hidden.dtype == torch.bfloat16
+        rows_total = hidden.shape[0]
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk_rows):
+        lse = torch.empty(rows_total, dtype=torch.float32, device=hidden.device)
+        if grads_now:
+            scale = torch.tensor(1.0 / rows_total, dtype=torch.float32, device=hidden.device)
+            grad_hidden = torch.empty_like(hidden)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, rows_total, chunk_rows):
             rows = slice(start, start + chunk_rows)
-            lse[rows], chunk_loss = forward_chunk(hidden[rows], weight, targets[rows], real_vocab_size)
+            if grads_now:
+                lse[rows], chunk_loss, grad_logits = kernels.forward_and_grad(hidden[rows], weight, targets[rows],
+                                                                              scale, real_vocab_size)
+                grad_hidden[rows] = grad_logits @ weight
+                grad_weight += (grad_logits.t() @ hidden[rows]).float()
+            else:
+                lse[rows], chunk_loss = kernels.forward(hidden[rows], weight, targets[rows], real_vocab_size)
             loss_sum += chunk_loss
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.real_vocab_size, ctx.chunk_rows, ctx.logits_grad = real_vocab_size, chunk_rows, kernels[1]
-        return loss_sum / hidden.shape[0]
+        ctx.grads_now = grads_now
+        if grads_now:
+            ctx.save_for_backward(grad_hidden, grad_weight)
+            ctx.weight_dtype = weight.dtype
+        else:
+            ctx.save_for_backward(hidden, weight, targets, lse)
+            ctx.real_vocab_size, ctx.chunk_rows, ctx.logits_grad = real_vocab_size, chunk_rows, kernels.logits_grad
+        return loss_sum / rows_total
 
     @staticmethod
     def backward(ctx, grad_loss):
+        if ctx.grads_now:
+            grad_hidden, grad_weight = ctx.saved_tensors
+            return (grad_hidden * grad_loss.to(grad_hidden.dtype), (grad_weight * grad_loss).to(ctx.weight_dtype),
+                    None, None, None, None, None)
         hidden, weight, targets, lse = ctx.saved_tensors
         scale = grad_loss.float() / hidden.shape[0]
         grad_hidden = torch.empty_like(hidden)
@@ -91,14 +131,18 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_logits = ctx.logits_grad(hidden[rows], weight, targets[rows], lse[rows], scale, ctx.real_vocab_size)
             grad_hidden[rows] = grad_logits @ weight
             grad_weight += (grad_logits.t() @ hidden[rows]).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
+
+
+def _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, kernels):
+    with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, real_vocab_size, chunk_rows, kernels, with_grad)
 
 
 def chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=CHUNK_ROWS):
     """hidden (N, C), weight (vocab, C), targets (N,) -> the mean fp32 cross-entropy of hidden @ weight.T over
     its first real_vocab_size columns (the rest masked, the matmul kept at the full width)."""
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, real_vocab_size, chunk_rows,
-                                           (chunk_forward, chunk_logits_grad))
+    return _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, EAGER_KERNELS)
 
 
 def compiled_chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=CHUNK_ROWS):
@@ -106,8 +150,7 @@ def compiled_chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chu
     out of dynamo: traced whole (the head compiled around it), AOTAutograd's partitioner kept every chunk's fp32
     logits for backward instead of recomputing them, the full logits again (tests/test_loss.py; on an H100 at
     d12 micro-batch 128: 64.6 GiB compiled against 43.2 GiB eager, 2026-11-24)."""
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, real_vocab_size, chunk_rows,
-                                           compiled_chunk_kernels())
+    return _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, compiled_chunk_kernels())
 
 
 def compile_model(model):
