@@ -15,8 +15,17 @@ import torch.distributed as dist
 # DeepSpeed's logger writes to the sys.stdout it finds when deepspeed is first imported, and there, on a
 # machine without DS_ACCELERATOR, says which accelerator it picked. stdout is ours (the trainer's lines, the
 # console scripts' output: gpt-plan --json), so DeepSpeed logs to stderr; gpt modules import gpt.dist first.
-with contextlib.redirect_stdout(sys.stderr):
-    import deepspeed
+from gpt.console import exit_with  # noqa: E402
+
+try:
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed
+except ValueError as error:  # DeepSpeed picks its accelerator while it is imported, and raises on an unknown one
+    known = getattr(sys.modules.get("deepspeed.accelerator.real_accelerator"), "SUPPORTED_ACCELERATOR_LIST", None)
+    if "DS_ACCELERATOR" not in str(error) or known is None:
+        raise
+    exit_with(f"DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')!r} is not an accelerator DeepSpeed knows: one of "
+              f"{', '.join(known)}, or unset to let DeepSpeed detect the device", status=2)
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from gpt import host_fixes  # noqa: E402

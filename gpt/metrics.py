@@ -1,34 +1,71 @@
 """What a run reports: a console line, TensorBoard scalars and metrics.jsonl, all from rank 0. TensorBoard also
-gets the samples (text), the run's settings (hparams) and a custom-scalars layout that groups the scalars.
+gets the samples and the run's whole settings (text), the settings people compare (hparams) and a custom-scalars
+layout that groups the scalars.
 
 Events go to OUT_DIR/tensorboard/NAME, NAME being out_dir's own name, so that TensorBoard names the run NAME
 (`--logdir OUT_DIR/tensorboard`), tensorboard/NAME (`--logdir OUT_DIR`) or .../NAME/tensorboard/NAME
 (`--logdir runs/`) instead of "."; a resumed run appends a new events file there.
 """
 import json
+import re
 from pathlib import Path
 
 from gpt.console import say
 
 TENSORBOARD_DIR = "tensorboard"
-# The custom-scalars dashboard: category -> chart -> ["Multiline", tag regexes (re.match: anchored at the start)].
-# The tags are the trainer's metric names (gpt/trainer.py log_step and fit, gpt/engine.py step_stats,
-# gpt/memory.py peak_memory); a chart whose tags a run does not log stays empty.
-LAYOUT = {
-    "loss": {"loss and val_loss": ["Multiline", ["^loss$", "^val_loss$"]],
-             "hellaswag": ["Multiline", ["^hellaswag/"]]},
-    "optimizer": {"lr": ["Multiline", ["^lr$"]],
-                  "grad_norm (before clipping)": ["Multiline", ["^grad_norm$"]],
-                  "fp16 loss_scale": ["Multiline", ["^loss_scale$"]],
-                  "skipped updates": ["Multiline", ["^skipped$", "^skipped_steps$", "^guard_skips$"]]},
-    "memory": {"peak memory (GiB)": ["Multiline", [r"^peak_\w+_gib$"]]},
-    "throughput": {"tokens_per_s": ["Multiline", ["^tokens_per_s$"]],
-                   "mfu": ["Multiline", ["^mfu$"]],
-                   "dt (s)": ["Multiline", ["^dt$"]]},
+# TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
+# section per prefix before the "/", sections in alphabetical order: the losses come first, and nothing else sorts
+# before "loss". The names come from gpt/trainer.py log_step and fit, gpt/engine.py step_stats and gpt/memory.py
+# peak_memory; a metric not listed keeps its name.
+TAGS = {"loss": "loss/train", "val_loss": "loss/val",
+        "peak_alloc_gib": "memory/peak_alloc_gib", "peak_reserved_gib": "memory/peak_reserved_gib",
+        "peak_rss_gib": "memory/peak_rss_gib",
+        "lr": "optim/lr", "grad_norm": "optim/grad_norm", "skipped": "optim/skipped", "guard_skips": "optim/guard_skips",
+        "loss_scale": "optim/fp16_loss_scale", "skipped_steps": "optim/fp16_skipped_steps",
+        "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "dt": "perf/dt",
+        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc"}
+# The custom-scalars dashboard: category -> chart -> the metrics drawn together (a chart whose metrics a run does
+# not log stays empty).
+CHARTS = {
+    "loss": {"loss and val_loss": ["loss", "val_loss"], "hellaswag": ["hellaswag/acc_norm", "hellaswag/acc"]},
+    "optimizer": {"lr": ["lr"], "grad_norm (before clipping)": ["grad_norm"], "fp16 loss_scale": ["loss_scale"],
+                  "skipped updates": ["skipped", "skipped_steps", "guard_skips"]},
+    "memory": {"peak memory (GiB)": ["peak_alloc_gib", "peak_reserved_gib", "peak_rss_gib"]},
+    "throughput": {"tokens_per_s": ["tokens_per_s"], "mfu": ["mfu"], "dt (s)": ["dt"]},
 }
-# The hparams dashboard's metrics: TensorBoard shows each scalar's last value in the run. The same list in every
-# run: with several runs in one logdir it takes the list from any one of them.
+# The hparams dashboard's metrics, each a scalar's last value in the run; the same list in every run: with several
+# runs in one logdir TensorBoard takes it from any one of them.
 HPARAM_METRICS = ("loss", "val_loss", "hellaswag/acc_norm")
+# The settings people compare, as hparams. TensorBoard's HParams shows the first five columns without a tick, in
+# the order (differs between the runs shown first, then by name): the five main ones sort first, the rest under
+# "setup/" after them. Every setting is in the run's text record ("settings") too.
+MAIN_HPARAMS = ("batch", "lr", "model", "precision", "seq_len")
+
+
+def flat_tag(name):
+    """The tag of a metric in runs logged before tags had sections (2026-11-26): its own name."""
+    return name
+
+
+def sectioned_tag(name):
+    return TAGS.get(name, name)
+
+
+def layout(tag):
+    """CHARTS as TensorBoard's custom-scalars layout, each metric under its tag (a regex anchored at both ends)."""
+    return {category: {title: ["Multiline", ["^" + re.escape(tag(name)) + "$" for name in names]]
+                       for title, names in charts.items()} for category, charts in CHARTS.items()}
+
+
+def tag_function_of(events):
+    """How the run in `events` (a directory) names its tags: flat_tag if an events file there has the flat
+    `loss` (a run begun before sections, now resumed: its charts go on under the same tags), else sectioned_tag."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    for path in sorted(Path(events).glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if any(value.tag == "loss" for value in event.summary.value):
+                return flat_tag
+    return sectioned_tag
 
 
 def run_name(out_dir):
@@ -40,20 +77,32 @@ def events_dir(out_dir):
     return Path(out_dir) / TENSORBOARD_DIR / run_name(out_dir)
 
 
-def hparams_of(run_config, **more):
-    """A run's settings for TensorBoard's hparams: what a checkpoint records (gpt/preflight.py run_config_of: the
-    flags, the model's shape, precision, ZeRO stage, ranks) and `more`, each a number or a str: None, bools (which
-    TensorBoard would show as 0 and 1) and anything else as Python writes them."""
-    values = {**run_config["args"], **{f"model.{k}": v for k, v in run_config["model"].items()},
-              **{k: run_config[k] for k in ("precision", "zero_stage", "world_size")}, **more}
+def hparams_of(run_config, grad_accum, loss_label):
+    """A run's settings for TensorBoard's hparams, from what a checkpoint records (gpt/preflight.py run_config_of:
+    the flags, the model's shape, precision, ZeRO stage, ranks): MAIN_HPARAMS, then the rest that people compare
+    under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
+    writes them)."""
+    args, model = run_config["args"], run_config["model"]
+    values = {
+        "batch": f"{args['micro_batch']} x {grad_accum} x {run_config['world_size']} rank(s) = "
+                 f"{args['total_batch_tokens']:,} tokens",
+        "lr": args["lr"],
+        "model": f"{args['model']}: {model['n_layer']} layers x {model['n_embd']}, {model['n_head']} heads",
+        "precision": run_config["precision"],
+        "seq_len": args["seq_len"],
+        "setup/compile": args["compile"], "setup/ds_config": args["ds_config"], "setup/loss": loss_label,
+        "setup/seed": args["seed"], "setup/total_batch_tokens": args["total_batch_tokens"],
+        "setup/warmup_steps": args["warmup_steps"], "setup/zero_stage": run_config["zero_stage"],
+    }
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
 
 
 class MetricsLogger:
     """Rank 0 writes; other ranks hold a logger that does nothing, so call sites need no rank checks."""
 
-    def __init__(self, out_dir, enabled, hparams=None):
-        """hparams: the run's settings (hparams_of), shown beside HPARAM_METRICS in TensorBoard's hparams."""
+    def __init__(self, out_dir, enabled, hparams=None, settings=None):
+        """hparams: the run's settings (hparams_of), shown beside HPARAM_METRICS in TensorBoard's hparams;
+        settings: the whole record of them (a dict), as text at this launch's first step."""
         self.enabled = enabled
         if not enabled:
             return
@@ -61,24 +110,30 @@ class MetricsLogger:
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        self.tag = tag_function_of(events_dir(out_dir))  # before this launch's events file exists
         self.writer = SummaryWriter(log_dir=str(events_dir(out_dir)))
-        self.writer.add_custom_scalars(LAYOUT)
+        self.writer.add_custom_scalars(layout(self.tag))
         self.session_end = None
         if hparams is not None:
             # Into this run's own events (SummaryWriter.add_hparams would make a sub-run). TensorBoard keeps the
             # first of each: a resumed run's repeat is ignored, and the session ends at the first finished run.
-            experiment, session_start, self.session_end = hparams_summaries(hparams, dict.fromkeys(HPARAM_METRICS))
+            experiment, session_start, self.session_end = hparams_summaries(
+                hparams, dict.fromkeys(self.tag(name) for name in HPARAM_METRICS))
             self.writer.file_writer.add_summary(experiment)
             self.writer.file_writer.add_summary(session_start)
+        self.settings = settings  # written at this launch's first step (a resumed launch's may differ)
         self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
 
     def log(self, step, metrics, console=None):
-        """metrics: name -> number, each a TensorBoard scalar of that name and a key of one JSON line;
+        """metrics: name -> number, each a key of one JSON line and a TensorBoard scalar (its tag: TAGS);
         console: the line to print, if any."""
         if not self.enabled:
             return
+        if self.settings is not None:
+            self.text("settings", json.dumps(self.settings, indent=1, default=str), step)
+            self.settings = None
         for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
+            self.writer.add_scalar(self.tag(name), value, step)
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         if console:
             say(console)

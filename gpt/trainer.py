@@ -228,8 +228,8 @@ def build(setup):
                        fp16=precision(setup.ds_config) == "fp16")
     guard_active = install_grad_norm_hook(engine, guard)
     peak, peak_label = peak_flops(setup.device.type, precision(setup.ds_config))
-    logger = MetricsLogger(settings.out_dir, enabled=rank == 0,
-                           hparams=hparams_of(setup.run_config, grad_accum=setup.grad_accum))
+    logger = MetricsLogger(settings.out_dir, enabled=rank == 0, settings=setup.run_config,
+                           hparams=hparams_of(setup.run_config, setup.grad_accum, f"{settings.loss} ({loss_label})"))
     say0(f"model {settings.model}: {model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
     say0(f"{precision(setup.ds_config)}, ZeRO {engine.zero_optimization_stage()}, "
            f"{type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, {world_size} rank(s) x "

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import train_ds
-from conftest import REPO, free_port, out_dir_of, two_rank_run
+from conftest import REPO, free_port, out_dir_of, plain_shell_env, two_rank_run
 from gpt import dist
 from gpt.commands.train import parse
 from gpt.console import BadInput
@@ -697,3 +697,15 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
         "error: out of memory building the model and its DeepSpeed engine (--model tiny --vocab_size 1000000: 6.41e+07 "
         "parameters, whose weights, gradients and optimizer states need 2.7 GiB per rank): choose a smaller model, "
         f"more ranks with ZeRO 1 or 2, or a device with more memory ({str(error)[:200]})\n")
+
+
+@pytest.mark.parametrize("command", [["train_ds.py", "--model", "tiny"], ["-m", "gpt.plan", "--gpu", "h100-80gb"]])
+def test_an_accelerator_deepspeed_does_not_know_is_one_line_and_exit_2(command):
+    """DS_ACCELERATOR is read while DeepSpeed is imported, before any flag: an unknown value is one line naming
+    it and DeepSpeed's own list, not DeepSpeed's traceback, from the trainer and the console scripts alike."""
+    proc = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**plain_shell_env(), "DS_ACCELERATOR": "tpu"})
+    from deepspeed.accelerator.real_accelerator import SUPPORTED_ACCELERATOR_LIST
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"error: DS_ACCELERATOR='tpu' is not an accelerator DeepSpeed knows: one of "
+                           f"{', '.join(SUPPORTED_ACCELERATOR_LIST)}, or unset to let DeepSpeed detect the device\n")

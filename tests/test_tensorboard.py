@@ -1,6 +1,8 @@
 """What TensorBoard shows of a run, asked through its HTTP API (the routes of the installed plugins:
-tensorboard/plugins/*/*_plugin.py): the run's name, the scalars, the samples as text, the settings and final
-metrics in hparams, the custom-scalars layout. The run is resumed once: both launches' events are one run."""
+tensorboard/plugins/*/*_plugin.py): the run's name, the scalars in sections with the losses first, the samples
+and the whole settings as text, the settings people compare and the final metrics in hparams (the main five
+first, no setting named as a metric), the custom-scalars layout. The run is resumed once: both launches' events
+are one run. A run begun with the former flat tags keeps them when resumed."""
 import ast
 import html
 import json
@@ -15,7 +17,7 @@ import pytest
 
 from conftest import TINY, train
 from gpt.dist import free_port
-from gpt.metrics import LAYOUT
+from gpt.metrics import HPARAM_METRICS, MAIN_HPARAMS, TAGS, MetricsLogger, events_dir, layout, sectioned_tag
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--lr", "3e-3", "--val_every", "2", "--val_tokens", "512",
         "--sample_every", "2", "--sample_tokens", "8"]
@@ -69,50 +71,99 @@ def test_tensorboard_shows_the_runs_scalars_samples_settings_and_layout(tmp_path
                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = "tensorboard/tiny_run"  # not ".": the name says which run it is
     try:
-        scalars = wait_for(base, "/data/plugin/scalars/scalars", dict(run=run, tag="loss"),
+        scalars = wait_for(base, "/data/plugin/scalars/scalars", dict(run=run, tag="loss/train"),
                            lambda answer: len(answer) == len(losses), server)
         assert get(base, "/data/runs") == [run]
         tags = get(base, "/data/plugin/scalars/tags")[run]
-        assert {"loss", "val_loss", "lr", "grad_norm", "dt", "tokens_per_s", "mfu", "peak_rss_gib"} <= set(tags)
+        assert {"loss/train", "loss/val", "optim/lr", "optim/grad_norm", "perf/dt", "perf/tokens_per_s", "perf/mfu",
+                "memory/peak_rss_gib"} <= set(tags)
+        sections = sorted({tag.split("/")[0] for tag in tags})  # the dashboards' order: one section per prefix
+        assert sections[0] == "loss" and sorted(t for t in tags if t.startswith("loss/")) == ["loss/train", "loss/val"]
+        assert all("/" in tag for tag in tags)  # no flat tag left outside a section
         assert [(step, value) for _, step, value in scalars] == [(s, pytest.approx(v, rel=1e-6)) for s, v in losses]
 
-        text_tag = "samples/text_summary"  # torch's add_text names the tag so
-        assert get(base, "/data/plugin/text/tags") == {run: [text_tag]}
-        texts = get(base, "/data/plugin/text/text", run=run, tag=text_tag)
+        sample_tag, settings_tag = "samples/text_summary", "settings/text_summary"  # torch's add_text names them so
+        assert sorted(get(base, "/data/plugin/text/tags")[run]) == [sample_tag, settings_tag]
+        texts = get(base, "/data/plugin/text/text", run=run, tag=sample_tag)
         shown = {t["step"]: html.unescape(re.search(r"<pre><code>(.*)</code></pre>", t["text"], re.S)[1])
                  for t in texts}
         assert {step: text.strip("\n") for step, text in shown.items()} == {
             step: text.strip("\n") for step, text in samples.items()}
+        settings = {t["step"]: json.loads(html.unescape(re.search(r"<pre><code>(.*)</code></pre>", t["text"], re.S)[1]))
+                    for t in get(base, "/data/plugin/text/text", run=run, tag=settings_tag)}
+        assert sorted(settings) == [0, 3]  # each launch's whole record, at its first step
+        assert [settings[step]["args"]["max_steps"] for step in (0, 3)] == [3, 5]
+        assert settings[0]["args"]["val_tokens"] == 512 and settings[0]["model"]["n_layer"] == 2
 
         experiment = get(base, "/data/plugin/hparams/experiment", {"experimentName": ""})
-        names = {info["name"] for info in experiment["hparamInfos"]}
-        assert {"model", "lr", "max_steps", "seed", "precision", "zero_stage", "world_size", "grad_accum",
-                "model.n_layer", "hellaswag"} <= names
-        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == ["loss", "val_loss", "hellaswag/acc_norm"]
+        names = [info["name"] for info in experiment["hparamInfos"]]
+        assert names[:5] == list(MAIN_HPARAMS)  # the columns HParams shows without a tick
+        assert names[5:] == ["setup/compile", "setup/ds_config", "setup/loss", "setup/seed", "setup/total_batch_tokens",
+                             "setup/warmup_steps", "setup/zero_stage"]
+        metric_tags = [m["name"]["tag"] for m in experiment["metricInfos"]]
+        assert metric_tags == ["loss/train", "loss/val", "score/hellaswag_acc_norm"]
+        assert not set(names) & (set(tags) | set(metric_tags)), "a setting named as a metric"
         groups = get(base, "/data/plugin/hparams/session_groups", {
             "experimentName": "", "allowedStatuses": STATUSES, "startIndex": 0, "sliceSize": 10,
             "colParams": []})["sessionGroups"]
         assert [g["name"] for g in groups] == [run]
         hparams = groups[0]["hparams"]
-        assert {k: hparams[k] for k in ("model", "precision", "zero_stage", "grad_accum", "seed", "lr", "hellaswag",
-                                        "deterministic", "max_steps")} == {
-            "model": "tiny", "precision": "fp32", "zero_stage": 2, "grad_accum": 2, "seed": 1234, "lr": 3e-3,
-            "hellaswag": "None", "deterministic": "False", "max_steps": 3}  # the first launch's settings
+        assert {k: hparams[k] for k in names} == {
+            "batch": "4 x 2 x 1 rank(s) = 512 tokens", "lr": 3e-3, "model": "tiny: 2 layers x 64, 2 heads",
+            "precision": "fp32", "seq_len": 64, "setup/compile": "False", "setup/ds_config": settings[0]["args"]["ds_config"],
+            "setup/loss": "fused (chunked PyTorch)", "setup/seed": 1234, "setup/total_batch_tokens": 512,
+            "setup/warmup_steps": settings[0]["args"]["warmup_steps"], "setup/zero_stage": 2}  # the first launch's
         final = {m["name"]["tag"]: (m["trainingStep"], m["value"]) for m in groups[0]["metricValues"]}
-        assert final == {"loss": (4, pytest.approx(losses[-1][1], rel=1e-6)),
-                         "val_loss": (4, pytest.approx(val_losses[-1][1], rel=1e-6))}  # no HellaSwag in this run
+        assert final == {"loss/train": (4, pytest.approx(losses[-1][1], rel=1e-6)),
+                         "loss/val": (4, pytest.approx(val_losses[-1][1], rel=1e-6))}  # no HellaSwag in this run
         assert groups[0]["sessions"][0]["status"] == "STATUS_SUCCESS"
 
-        layout = get(base, "/data/plugin/custom_scalars/layout")
+        answer = get(base, "/data/plugin/custom_scalars/layout")
         charts = {category["title"]: {chart["title"]: chart["multiline"]["tag"] for chart in category["chart"]}
-                  for category in layout["category"]}
+                  for category in answer["category"]}
         assert charts == {category: {title: tags for title, (_, tags) in chart.items()}
-                          for category, chart in LAYOUT.items()}
-        assert charts["loss"]["loss and val_loss"] == ["^loss$", "^val_loss$"]
-        for regex, matched in [("^loss$|^val_loss$", ["loss", "val_loss"]),
-                               (charts["memory"]["peak memory (GiB)"][0], ["peak_rss_gib"])]:  # CPU's memory metric
+                          for category, chart in layout(sectioned_tag).items()}
+        assert charts["loss"]["loss and val_loss"] == ["^loss/train$", "^loss/val$"]
+        for regex, matched in [("^loss/train$|^loss/val$", ["loss/train", "loss/val"]),
+                               (charts["memory"]["peak memory (GiB)"][2], ["memory/peak_rss_gib"])]:  # CPU's memory
             chart = get(base, "/data/plugin/custom_scalars/scalars", run=run, tag=regex)
             assert sorted(chart["tag_to_events"]) == matched
     finally:
         server.kill()
         server.communicate()
+
+
+def scalar_tags(events):
+    """The scalar tags in the events files of a directory, in the order written."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    return [value.tag for path in sorted(events.glob("events.out.tfevents.*"))
+            for event in EventFileLoader(str(path)).Load() for value in event.summary.value
+            if value.HasField("simple_value") or value.metadata.plugin_data.plugin_name == "scalars"]
+
+
+def test_a_run_begun_with_flat_tags_keeps_them_when_resumed_and_a_new_run_has_sections(tmp_path):
+    """Tags in sections from 2026-11-26 on; a run whose events already hold the flat `loss` (logged before) goes on
+    under the flat tags, so its charts continue instead of starting again under new names. metrics.jsonl keeps its
+    keys either way."""
+    from torch.utils.tensorboard import SummaryWriter
+    old = tmp_path / "old_run"
+    with SummaryWriter(log_dir=str(events_dir(old))) as writer:  # as the trainer wrote them before
+        writer.add_scalar("loss", 10.9, 0)
+        writer.add_scalar("lr", 1e-4, 0)
+    new = tmp_path / "new_run"
+    for out in (old, new):
+        logger = MetricsLogger(out, enabled=True)
+        logger.log(1, {"loss": 10.5, "lr": 2e-4, "val_loss": 10.6})
+        logger.close()
+    assert scalar_tags(events_dir(old)) == ["loss", "lr", "loss", "lr", "val_loss"]
+    assert scalar_tags(events_dir(new)) == ["loss/train", "optim/lr", "loss/val"]
+    for out in (old, new):
+        assert json.loads((out / "metrics.jsonl").read_text()) == {"step": 1, "loss": 10.5, "lr": 2e-4, "val_loss": 10.6}
+
+
+def test_every_tag_is_in_a_section_and_the_losses_section_sorts_first():
+    """The dashboards order sections by name: no section may sort before the losses'; the hparams' metrics are
+    logged tags."""
+    sections = sorted({tag.split("/")[0] for tag in TAGS.values()})
+    assert sections[0] == "loss" and all(tag.count("/") == 1 for tag in TAGS.values())
+    assert set(HPARAM_METRICS) <= set(TAGS)
