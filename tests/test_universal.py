@@ -177,6 +177,32 @@ def test_bf16_checkpoints_move_between_bf16_optimizer_and_zero_optimizer(two_ran
     engine.destroy()
 
 
+@uses_runs
+def test_the_weights_of_a_bf16_optimizer_checkpoint_are_its_fp32_masters(two_rank_runs, tmp_path, monkeypatch, capsys):
+    """zero1_bf16.json (BF16_Optimizer), which DeepSpeed's zero_to_fp32 refuses: read_weights (gpt-export, gpt-eval,
+    gpt-sample) reads the fp32 master weights through the step's universal form, not the module's bf16 copy; where
+    that form cannot be made, the bf16 weights with a warning."""
+    step_dir = saved_step(two_rank_runs, "universal_zero1_bf16", tmp_path)
+    module = torch.load(step_dir / checkpoint.MODEL_STATES, map_location="cpu", weights_only=False)["module"]
+    masters, _ = checkpoint.read_weights(step_dir)
+    assert (step_dir / "universal").is_dir()  # made, and kept for a resume
+    expected = checkpoint.read_fp32_weights(step_dir / "universal")  # its lm_head.weight: the module's bf16 copy
+    assert all(torch.equal(masters[k], expected[k]) for k in expected if k != "lm_head.weight")
+    assert masters["lm_head.weight"] is masters["transformer.wte.weight"]  # tied, as in the model
+    assert any(not torch.equal(masters[k], module[k].float()) for k in module)  # not the bf16 copy
+    assert all(torch.equal(masters[k].bfloat16(), module[k]) for k in module)  # whose rounding it is
+
+    shutil.rmtree(step_dir / "universal")
+    capsys.readouterr()  # zero_to_fp32's and the converter's progress
+    monkeypatch.setattr(universal, "convert_problem", lambda step: f"{step}: not writable, and its universal form is "
+                                                                 f"made inside it")
+    fallback, _ = checkpoint.read_weights(step_dir)
+    assert all(torch.equal(fallback[k], module[k].float()) for k in module)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"warning: {step_dir}: cannot convert it to a universal checkpoint: not writable, and its universal form is "
+        f"made inside it; reading the module's bf16 weights instead of the fp32 master weights")
+
+
 @pytest.mark.slow
 def test_fp16_dynamic_loss_scale_comes_back(tmp_path, small_vocab_dir, monkeypatch):
     """fp16 under ZeRO: the loss scaler (scale, iteration counters, last overflow) is restored with the optimizer's
