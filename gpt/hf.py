@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from gpt.checkpoint import read_weights
+from gpt.universal import read_weights
 from gpt.console import BadInput, warn
 from gpt.disk import atomic_write, write_problem
 from gpt.model import GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch

@@ -1,5 +1,7 @@
 """Universal checkpoints: a ZeRO-1/2 checkpoint in DeepSpeed's world-size-independent form, for a resume on
-another number of ranks with the optimizer state (a plain load needs the saving world size's partitions).
+another number of ranks with the optimizer state (a plain load needs the saving world size's partitions), and
+the weights of any checkpoint for the console scripts (read_weights: a BF16_Optimizer step's fp32 masters are
+read through its universal form).
 
     step_00000100/universal/             made inside the step it converts (pruning the step removes it too)
         zero/<param name>/fp32.pt        {'param': the whole fp32 master weight, 'cat_dim': 0}
@@ -30,11 +32,16 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpt.checkpoint import (MODEL_STATES, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, brief, is_universal, model_states)
-from gpt.console import BadInput
-from gpt.disk import free_bytes, megabytes, write_problem
+import torch
 
-__all__ = ["UNIVERSAL", "convert_problem", "universal_dir", "is_universal", "load"]
+from gpt.checkpoint import (MODEL_STATES, RUN_CONFIG, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, brief,
+                            find_checkpoint, is_universal, model_states, read_fp32_weights, read_run_config,
+                            unreadable_file)
+from gpt.console import BadInput, warn
+from gpt.disk import free_bytes, megabytes, write_problem
+from gpt.model import GPTConfig, state_dict_mismatch
+
+__all__ = ["UNIVERSAL", "convert_problem", "universal_dir", "is_universal", "load", "read_weights"]
 
 OPTIM_FILES = "*zero_pp_rank_*_optim_states.pt"  # ZeRO's partitions (bf16_zero_pp_rank_*: BF16_Optimizer's)
 
@@ -145,3 +152,65 @@ def load(engine, step_dir):
     if loaded is None:
         raise BadInput(f"{path}: DeepSpeed could not load this universal checkpoint")
     return client_state
+
+
+def read_universal_weights(path):
+    """read_fp32_weights, lm_head tied to the embedding as in the model (its own file holds the module's 16-bit
+    copy)."""
+    state = read_fp32_weights(path)
+    if "transformer.wte.weight" in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def bf16_optimizer_masters(step_dir):
+    """The fp32 master weights of a BF16_Optimizer checkpoint, read from its universal form (step_dir/universal,
+    made by DeepSpeed's converter and kept for a later resume too), or None with a warning when it cannot be made
+    (a read-only or full disk): the module's bf16 weights then stand in."""
+    try:
+        return read_universal_weights(universal_dir(step_dir))
+    except BadInput as e:
+        warn(f"{e}; reading the module's bf16 weights instead of the fp32 master weights")
+        return None
+
+
+def read_weights(path):
+    """(fp32 state dict, GPTConfig) of a checkpoint (or the newest under a checkpoints/ directory, or a universal
+    checkpoint: gpt/universal.py): the optimizer's fp32 master weights via DeepSpeed's zero_to_fp32 reader where
+    it can read them (ZeRO 1/2), from zero/<name>/fp32.pt in a universal one, from the step's universal form
+    for BF16_Optimizer (zero1_bf16.json, the default: zero_to_fp32 refuses it), else the module's weights."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    path = find_checkpoint(str(path), None)
+    run = read_run_config(path)
+    config = GPTConfig(**run["model"])
+    state = None
+    if is_universal(path):
+        state = read_universal_weights(path)
+    elif run["zero_stage"] > 0:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # its progress prints: stdout is gpt-eval --json's
+                state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+        except ValueError:  # BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation): zero_to_fp32 cannot read it
+            state = bf16_optimizer_masters(path)
+        except UNREADABLE as e:  # a garbled or cut file: name it, not zero_to_fp32's insides
+            raise BadInput(unreadable_file(path, e)) from None
+    if state is None:  # the module's own weights (16-bit in half-precision runs)
+        model_file = path / MODEL_STATES
+        try:
+            state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        except UNREADABLE as e:
+            raise BadInput(f"{model_file}: unreadable ({brief(e)})") from None
+        if not isinstance(state, dict):
+            raise BadInput(f"{model_file}: unreadable (its 'module' is not a state dict)")
+    if "transformer.wte.weight" in state:
+        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+    if config.n_embd % config.n_head:
+        raise BadInput(f"{path}: its {RUN_CONFIG} says n_head {config.n_head}, which does not divide its "
+                       f"n_embd {config.n_embd}")
+    wrong = state_dict_mismatch(state, config)
+    if wrong:  # run_config.json edited, or copied from another run: an export would describe other weights
+        raise BadInput(f"{path}: the weights do not fit its {RUN_CONFIG} (n_layer {config.n_layer}, n_embd "
+                       f"{config.n_embd}, block_size {config.block_size}, vocab_size {config.vocab_size}; "
+                       f"missing, extra or misshapen: {wrong})")
+    return {k: v.float() for k, v in state.items()}, config

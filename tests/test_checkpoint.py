@@ -13,7 +13,7 @@ import torch
 from deepspeed.ops.adam import FusedAdam
 
 from conftest import HALF, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
-from gpt import checkpoint
+from gpt import checkpoint, universal
 from gpt.console import BadInput
 from gpt.engine import replay_adam_step_count
 
@@ -190,7 +190,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
     assert checkpoint.find_checkpoint("auto", tmp_path) == ckpt / "step_00000003"
     assert capsys.readouterr().err == (f"warning: {ckpt / 'step_00000005'}: damaged checkpoint ({optim.name} is "
                                        f"missing); falling back to the one before it\n")
-    assert checkpoint.read_weights(ckpt)[0].keys() == checkpoint.read_weights(ckpt / "step_00000001")[0].keys()
+    assert universal.read_weights(ckpt)[0].keys() == universal.read_weights(ckpt / "step_00000001")[0].keys()
     assert "step_00000005: damaged" in capsys.readouterr().err  # gpt-export and gpt-sample read through here
     with pytest.raises(BadInput, match=f"step_00000005: damaged checkpoint \\({optim.name} is "
                                                          f"missing\\); give its parent directory"):

@@ -11,7 +11,7 @@ import transformers
 
 import gpt.hf
 from conftest import SMALL_VOCAB, TINY, train
-from gpt.checkpoint import read_weights
+from gpt.universal import read_weights
 from gpt.commands.export import main as export_main
 from gpt.console import BadInput
 from gpt.hf import TOKENIZER_FILES, export, load_hf_weights

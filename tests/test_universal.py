@@ -142,8 +142,8 @@ def test_a_two_rank_zero_checkpoint_converts_once_and_loads_on_one_rank_exactly(
     assert universal.universal_dir(step_dir) == path
     assert (contents(path), os.stat(path).st_ino, os.stat(path).st_mtime_ns) == made
 
-    from_universal, config = checkpoint.read_weights(path)
-    from_step, step_config = checkpoint.read_weights(step_dir)  # DeepSpeed's zero_to_fp32 reader
+    from_universal, config = universal.read_weights(path)
+    from_step, step_config = universal.read_weights(step_dir)  # DeepSpeed's zero_to_fp32 reader
     assert config == step_config and from_universal.keys() == from_step.keys()
     assert all(torch.equal(from_universal[k], from_step[k]) for k in from_step)
     assert from_universal["lm_head.weight"] is from_universal["transformer.wte.weight"]
@@ -184,7 +184,7 @@ def test_the_weights_of_a_bf16_optimizer_checkpoint_are_its_fp32_masters(two_ran
     that form cannot be made, the bf16 weights with a warning."""
     step_dir = saved_step(two_rank_runs, "universal_zero1_bf16", tmp_path)
     module = torch.load(step_dir / checkpoint.MODEL_STATES, map_location="cpu", weights_only=False)["module"]
-    masters, _ = checkpoint.read_weights(step_dir)
+    masters, _ = universal.read_weights(step_dir)
     assert (step_dir / "universal").is_dir()  # made, and kept for a resume
     expected = checkpoint.read_fp32_weights(step_dir / "universal")  # its lm_head.weight: the module's bf16 copy
     assert all(torch.equal(masters[k], expected[k]) for k in expected if k != "lm_head.weight")
@@ -196,7 +196,7 @@ def test_the_weights_of_a_bf16_optimizer_checkpoint_are_its_fp32_masters(two_ran
     capsys.readouterr()  # zero_to_fp32's and the converter's progress
     monkeypatch.setattr(universal, "convert_problem", lambda step: f"{step}: not writable, and its universal form is "
                                                                  f"made inside it")
-    fallback, _ = checkpoint.read_weights(step_dir)
+    fallback, _ = universal.read_weights(step_dir)
     assert all(torch.equal(fallback[k], module[k].float()) for k in module)
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"warning: {step_dir}: cannot convert it to a universal checkpoint: not writable, and its universal form is "

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import torch
 
-from gpt.checkpoint import find_checkpoint, read_run_config, read_weights
+from gpt.checkpoint import find_checkpoint, read_run_config
+from gpt.universal import read_weights
 from gpt.hf import config_from_hf, load_hf_weights, read_hf_config
 from gpt.model import GPT, GPTConfig
 
