@@ -89,6 +89,17 @@ class StoppedDuringStartUp(SystemExit):
     build lock is released, its ninja killed)."""
 
 
+def importing(frame):
+    """Whether `frame`, or a frame it was called from, runs an import (importlib's bootstrap). A library may catch
+    everything around an import (bare except) and go on: a start-up stop raised there would be lost, and the module
+    it interrupted left half-made in another module's globals (numpy without np.intp, seen once in CI)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StopRequest:
     """Created first thing in a run. Until started(): a stop ends the rank now (StoppedDuringStartUp). After:
     SIGTERM/SIGINT, or a launcher gone, finishes the current step, saves, exits 0; any rank's request stops
@@ -127,6 +138,8 @@ class StopRequest:
     def _handle(self, signum, frame):
         self.requested = self.requested or signal.Signals(signum).name
         if self.starting and not self._leaving:  # once: a second signal must not interrupt the way out
+            if importing(frame):  # an exception there can be swallowed and leave a half-imported module behind
+                self._exit_now()
             self._leaving = True
             raise self._start_up_stop()
 
@@ -151,12 +164,13 @@ class StopRequest:
                     stop_seen = time.monotonic()
                     signal.pthread_kill(self._main_thread, signal.SIGTERM)  # the handler sees self.requested
             if stop_seen and time.monotonic() - stop_seen > HARD_EXIT_AFTER_S:
-                self._exit_now()
+                self._exit_now(f"the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s")
 
-    def _exit_now(self):
-        """The main thread is stuck where no Python runs: say so, release what a run holds, exit."""
+    def _exit_now(self, why=None):
+        """The main thread is stuck where no Python runs (why), or inside an import: say so, release what a run
+        holds, exit."""
         if os.environ.get("LOCAL_RANK", "0") == "0" and not self._leaving:  # else the interpreter said it
-            os.write(2, f"{self.message()} (the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s)\n".encode())
+            os.write(2, (self.message() + (f" ({why})" if why else "") + "\n").encode())
         host_fixes = sys.modules.get("gpt.host_fixes")  # never import here: the main thread may hold the import lock
         if host_fixes is not None:
             host_fixes.release_cpu_comm_buffer()

@@ -162,6 +162,18 @@ def test_sigint_during_start_up_is_one_line_without_a_traceback(tmp_path, shakes
     assert "Traceback" not in output and "KeyboardInterrupt" not in output
 
 
+def test_a_stop_inside_an_import_is_told_apart(tmp_path, monkeypatch):
+    """importing(frame): inside a module's import (a stop then exits at once: a library that catches everything
+    around an import would swallow the start-up stop and leave a half-made module, numpy without np.intp in one
+    CI run), and not outside one."""
+    (tmp_path / "probe_import.py").write_text("import sys\nINSIDE = CHECK(sys._getframe())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builtins
+    monkeypatch.setattr(builtins, "CHECK", stop.importing, raising=False)
+    import probe_import
+    assert probe_import.INSIDE is True and stop.importing(sys._getframe()) is False
+
+
 STUCK = """
 import datetime, sys
 from gpt.stop import StopRequest
