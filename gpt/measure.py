@@ -138,10 +138,10 @@ def report_header(device_name, total_bytes, outside_bytes, cap_bytes, model, con
 
 
 COLUMNS = [("ds_config", "{}"), ("loss", "{}"), ("allocator", "{}"), ("planned_max_micro_batch", "{}"),
-           ("measured_max_micro_batch", "{}"), ("first_out_of_memory", "{}"), ("planned_over_measured", "{:.2f}"), ("peak_alloc_gib", "{:.2f}"),
-           ("peak_reserved_gib", "{:.2f}"), ("tries", "{}"), ("search_s", "{:.0f}")]
-HEADINGS = ["ds_config", "loss", "allocator", "planned", "measured", "out of memory at", "planned/measured", "peak alloc GiB",
-            "peak reserved GiB", "tries", "search s"]
+           ("measured_max_micro_batch", "{}"), ("first_out_of_memory", "{}"), ("planned_over_measured", "{:.2f}"),
+           ("peak_alloc_gib", "{:.2f}"), ("peak_reserved_gib", "{:.2f}"), ("tries", "{}"), ("search_s", "{:.0f}")]
+HEADINGS = ["ds_config", "loss", "allocator", "planned", "measured", "out of memory at", "planned/measured",
+            "peak alloc GiB", "peak reserved GiB", "tries", "search s"]
 
 
 def format_report(report):
