@@ -39,16 +39,21 @@ def warn(line):
     say0(f"warning: {line}", sys.stderr)
 
 
-def exit_with(problem, status=1, every_rank=False):
+def exit_with(problem, status=1, every_rank=False, hard=False):
     """End the command: `error: <line>` on stderr for each line of `problem` (text, an exception or a list of lines),
     from rank 0 only, or from every rank, each line prefixed with it, when ranks fail apart; then exit with
-    `status` on every rank. The console scripts exit 1 on bad input, the trainer 2 (1: a run that stopped)."""
+    `status` on every rank. The console scripts exit 1 on bad input, the trainer 2 (1: a run that stopped).
+    hard: exit without the interpreter's teardown (os._exit), whose C++ destructors of a process group can abort
+    the process when a peer rank has already gone."""
     lines = [str(p) for p in problem if p] if isinstance(problem, list) else [str(problem)]
     text = "\n".join(lines)
     if every_rank and launched_world_size() > 1:
         text = f"[rank {launched_rank()}] {text}"
     if every_rank or launched_rank() == 0:
         say("error: " + text.replace("\n", "\nerror: "), sys.stderr)
+    if hard:
+        sys.stdout.flush()
+        os._exit(status)
     sys.exit(status)
 
 

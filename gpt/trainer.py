@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import allocator, checkpoint, dist, hardware, hellaswag, memory, run_lock, universal
+from gpt import allocator, checkpoint, dist, hardware, hellaswag, host_fixes, memory, run_lock, universal
 from gpt import engine as ds_engine
 from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
 from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards
@@ -101,7 +101,10 @@ def setup(settings):
                                     timeout_s=settings.collective_timeout)
     if launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
         if dist.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
-            exit_with(refusal or "refused by rank 0", 2)
+            # Hard: the rank that hosted the group's store may be gone already, and tearing the group down then
+            # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
+            host_fixes.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
+            exit_with(refusal or "refused by rank 0", 2, hard=True)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     return replace(prepared, device=device, lock=lock)
 
