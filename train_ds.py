@@ -3,14 +3,14 @@
     deepspeed --num_gpus 8 train_ds.py --ds_config ds_configs/zero1_bf16.json      # 8 GPUs
     python train_ds.py --model tiny --seq_len 128 --micro_batch 8 ...               # one process
 
-The command line (gpt/commands/train.py, from gpt/settings.py) and the trainer (gpt/trainer.py: setup, with
-gpt/preflight.py's checks -> build -> resume -> fit).
+The command line (gpt/commands/train.py, from gpt/config/settings.py) and the trainer (gpt/train/trainer.py: setup, with
+gpt/config/preflight.py's checks -> build -> resume -> fit).
 """
 if __name__ == "__main__":  # first: importing torch and DeepSpeed takes seconds, and a stop then ends the run too
-    from gpt.stop import StopRequest
+    from gpt.train.stop import StopRequest
     STOP = StopRequest()
 
-from gpt import trainer  # noqa: E402
+from gpt.train import trainer  # noqa: E402
 from gpt.commands.train import parse  # noqa: E402
 
 

@@ -13,11 +13,11 @@ import argparse
 from pathlib import Path
 
 from gpt.console import BadInput
-from gpt.ds_config import load as load_ds_config
-from gpt.loss import LOSSES
-from gpt.model import PRESETS
-from gpt.plan import GPUS, GiB, make_plan, per_token_bytes
-from gpt.settings import GPT3_TOKENS_PER_STEP
+from gpt.config.ds_config import load as load_ds_config
+from gpt.model.loss import LOSSES
+from gpt.model.model import PRESETS
+from gpt.memory.plan import GPUS, GiB, make_plan, per_token_bytes
+from gpt.config.settings import GPT3_TOKENS_PER_STEP
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = [("d12", "124M"), ("d24", "350M"), ("d36", "774M"), ("d48", "1.5B")]

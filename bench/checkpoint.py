@@ -7,15 +7,15 @@ Raw write: the same number of bytes as the checkpoint, written from memory with 
 checkpoint.save (DeepSpeed's save_checkpoint on every rank + markers), then an fsync of its files, so
 both figures end on disk. Load: checkpoint.load into the engine (files in the page cache).
 
-Convert: gpt.universal.universal_dir on the step just saved (DeepSpeed's ds_to_universal in this process, one
+Convert: gpt.train.universal.universal_dir on the step just saved (DeepSpeed's ds_to_universal in this process, one
 worker), then an fsync of step/universal, so it ends on disk as the save does; step/universal is removed before
-each repeat's conversion, so every repeat converts anew. Universal load: gpt.universal.load into a second engine,
+each repeat's conversion, so every repeat converts anew. Universal load: gpt.train.universal.load into a second engine,
 built with "checkpoint": {"load_universal": true} as the trainer builds one for a universal resume (the flag
 changes DeepSpeed's load path; files in the page cache). The run_config saved here is only {"world_size": 1}:
 neither the converter nor the universal load reads it (they read universal_checkpoint_info, which save() records).
 
 The d48 (GPT-2 1.5B) figures are not measured: conversion seconds and universal bytes are extrapolated linearly
-from this run's model by the ratio of parameter counts (gpt.model.param_count), a plan, not a measurement.
+from this run's model by the ratio of parameter counts (gpt.model.model.param_count), a plan, not a measurement.
 """
 import argparse
 import json
@@ -27,11 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt import checkpoint, universal
-from gpt import dist as gpt_dist
-from gpt import engine as ds_engine
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS, param_count
-from gpt.optim import OptimizerSettings
+from gpt.train import checkpoint, dist as gpt_dist, engine as ds_engine, universal
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS, param_count
+from gpt.train.engine import OptimizerSettings
 
 REPEATS = 3
 EXTRAPOLATE_TO = "d48"  # GPT-2 1.5B

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.data import ShuffledTokenLoader, find_shards, write_shard
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
-from gpt.prepare import Corpus, prepare, shakespeare_documents
-from gpt.tokenizer import gpt2_tokenizer
+from gpt.data.shards import ShuffledTokenLoader, find_shards, write_shard
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.data.prepare import Corpus, prepare, shakespeare_documents
+from gpt.data.tokenizer import gpt2_tokenizer
 
 
 def best_of(repeats, fn):

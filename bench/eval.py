@@ -11,9 +11,9 @@ import time
 import numpy as np
 import torch
 
-from gpt.commands.models import DEVICES, choose_device
-from gpt.hellaswag import Example, evaluate
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.train.hf import DEVICES, choose_device
+from gpt.data.hellaswag import Example, evaluate
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
 
 def synthetic_examples(count, seed=0):

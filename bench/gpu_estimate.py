@@ -11,8 +11,8 @@ tensor cores and H100's much higher peak are harder to keep fed from PyTorch, so
 
 import torch
 
-from gpt.flops import GPU_PEAK_FLOPS
-from gpt.model import GPT, PRESETS
+from gpt.config.hardware import GPU_PEAK_FLOPS
+from gpt.model.model import GPT, PRESETS
 
 # (GPU, dtype, assumed MFU low and high)
 GPUS = [("V100", "fp16", (0.3, 0.4)), ("A100", "bf16", (0.4, 0.6)), ("H100", "bf16", (0.35, 0.5))]

@@ -1,11 +1,11 @@
 """Training speed and memory on this machine, CPU or GPU (DeepSpeed's accelerator). Every figure is a
 ratio against a baseline measured in the same run, steps interleaved (machines are noisy):
 
-  overhead  the trainer's step (gpt.trainer.optimizer_step, DeepSpeed engine) / a plain PyTorch
+  overhead  the trainer's step (gpt.train.trainer.optimizer_step, DeepSpeed engine) / a plain PyTorch
             AdamW step: same model, initial weights, data and dtype, 1 process; on a GPU also both
             under torch.compile
   mfu       model FLOP/s (6N + attention, per token) / the peak: on CPU this CPU's matmul peak, measured
-            here; on a GPU the datasheet's (gpt.flops.GPU_PEAK_FLOPS)
+            here; on a GPU the datasheet's (gpt.config.hardware.GPU_PEAK_FLOPS)
   zero      ZeRO 0/1/2 on 2 ranks (deepspeed launcher): step time, per-rank model-state bytes
             (measured on the engine, and as the planner predicts them)
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
@@ -52,22 +52,19 @@ import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
-import gpt.trainer
+import gpt.train.trainer
 from gpt.commands.train import parse
 
 REPO = Path(__file__).resolve().parents[1]
-from gpt.data import ShuffledTokenLoader, find_shards, shard_name, write_shard
-from gpt.dist import device_type, free_port, timed_on_device
-from gpt.host_fixes import return_freed_memory
-from gpt.optim import OptimizerSettings, param_groups
-from gpt.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16
-from gpt.flops import measure_cpu_peak_flops, peak_flops
-from gpt.model import GPT, GPT2_VOCAB_SIZE
-from gpt.loss import LOSS_CHOICES, fused_loss, liger_problem
-from gpt.measured_bytes import engine_state_bytes, measure_activation_bytes
-from gpt.memory import peak_memory
-from gpt.plan import resident_model_state_bytes
-from gpt.probe import is_out_of_memory
+from gpt.data.shards import ShuffledTokenLoader, find_shards, shard_name, write_shard
+from gpt.train.dist import device_type, free_port, return_freed_memory, timed_on_device
+from gpt.train.engine import OptimizerSettings, param_groups
+from gpt.config.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16, measure_cpu_peak_flops, peak_flops
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE
+from gpt.model.loss import LOSS_CHOICES, fused_loss, liger_problem
+from gpt.memory.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes
+from gpt.train.metrics import peak_memory
+from gpt.memory.probe import is_out_of_memory
 
 DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -190,17 +187,17 @@ def quiet():
 
 
 class Trainer:
-    """The real trainer (gpt.trainer's setup and build), one optimizer_step at a time."""
+    """The real trainer (gpt.train.trainer's setup and build), one optimizer_step at a time."""
 
     def __init__(self, settings):
         with quiet():
-            self.run = gpt.trainer.build(gpt.trainer.prepare(settings))
+            self.run = gpt.train.trainer.build(gpt.train.trainer.prepare(settings))
         self.settings, self.step_index = self.run.settings, 0
         self.config = self.run.model.config
 
     def step(self):
         with quiet():
-            loss = gpt.trainer.optimizer_step(self.run, self.step_index)
+            loss = gpt.train.trainer.optimizer_step(self.run, self.step_index)
         self.step_index += 1
         return loss
 
@@ -413,14 +410,14 @@ def loss_verdict(rows, micro_batch, dtype):
             f"loss's best); {memory} at micro-batch {micro_batch}: {memory_text}"
             + ("" if keeps is None else f" ({'keeps' if keeps else 'loses'} the memory gain)"))
     if DEVICE == "cuda" and dtype == "bf16":
-        line += f'. For gpt/loss.py: FUSED_ON_CUDA_BF16 = "{kernel}"'
+        line += f'. For gpt/model/loss.py: FUSED_ON_CUDA_BF16 = "{kernel}"'
     return dict(line=line, fastest=kernel, ratio=ratio, meets_target=ratio >= 1, keeps_memory_gain=keeps)
 
 
 def auto_micro_batch(settings):
     """The micro-batch --micro_batch auto picks for these settings (the plan, probed on a GPU)."""
     with quiet():
-        chosen = gpt.trainer.prepare(settings).settings.micro_batch
+        chosen = gpt.train.trainer.prepare(settings).settings.micro_batch
     gc.collect()
     get_accelerator().empty_cache()
     return chosen
@@ -434,7 +431,7 @@ def forget_compiled_code():
 
 
 def trainer_throughput(settings, repeats):
-    """The trainer's tokens/s with these settings and its last step's peak memory (gpt.memory.peak_memory, reset
+    """The trainer's tokens/s with these settings and its last step's peak memory (gpt.train.metrics.peak_memory, reset
     at each step), or tokens_per_s None and a note if it runs out of memory (then freed)."""
     trainer, result = None, dict(tokens_per_s=None, note="out of memory")
     if settings.compile:
@@ -553,7 +550,7 @@ def zero_worker(args):
 
 
 def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):
-    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.host_fixes's
+    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.train.dist's
     keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
     seconds = {"0": [], "1": []}
     for _ in range(rounds):
@@ -601,7 +598,7 @@ ALLOCATOR_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}")
                      ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
 COMPILE_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("first_step_s", "{:.1f}"), ("eager_s", "{:.3f}"),
                    ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
-# peak memory as gpt.memory.peak_memory reports it here
+# peak memory as gpt.train.metrics.peak_memory reports it here
 MEMORY_COLUMNS = [("peak_alloc_gib", "{:.2f}"), ("peak_reserved_gib", "{:.2f}")] if DEVICE == "cuda" else \
     [("peak_rss_gib", "{:.2f}")]
 LOSS_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("loss", "{}"), ("compiled", "{}"), ("micro_batch", "{}"),

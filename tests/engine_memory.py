@@ -8,13 +8,11 @@ from pathlib import Path
 
 import torch
 
-from gpt import dist as gpt_dist
-from gpt import engine as ds_engine
-from gpt.ds_config import precision
-from gpt.model import GPT, GPTConfig
-from gpt.measured_bytes import engine_state_bytes
-from gpt.optim import OptimizerSettings
-from gpt.plan import resident_model_state_bytes
+from gpt.train import dist as gpt_dist, engine as ds_engine
+from gpt.config.ds_config import precision
+from gpt.model.model import GPT, GPTConfig
+from gpt.memory.plan import engine_state_bytes, resident_model_state_bytes
+from gpt.train.engine import OptimizerSettings
 
 
 def measure(config_path, stage, fp32, device):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from gpt import loss as losses
-from gpt import trainer
+from gpt.model import loss as losses
+from gpt.train import trainer
 from gpt.commands.train import parse
-from gpt.model import GPT
+from gpt.model.model import GPT
 
 LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forward pass
 
@@ -32,7 +32,7 @@ def main(argv=None):
             return loss_fn(hidden, weight, targets, vocab)
         return limited, label
 
-    losses.fused_loss = limited_fused_loss  # what gpt.loss.model_with_loss calls
+    losses.fused_loss = limited_fused_loss  # what gpt.model.loss.model_with_loss calls
     try:
         prepared = trainer.setup(settings)
         planned = prepared.settings.micro_batch

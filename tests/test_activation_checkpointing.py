@@ -7,7 +7,7 @@ import torch
 import torch.utils.checkpoint
 
 from conftest import REPO
-from gpt.model import GPT, GPTConfig
+from gpt.model.model import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=128)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import TINY, train, train_losses, write_ds_config
-from gpt.data import ShuffledTokenLoader, find_shards
-from gpt.optim import lr_at, param_groups
-from gpt.model import GPT, PADDED_VOCAB_SIZE, PRESETS
+from gpt.data.shards import ShuffledTokenLoader, find_shards
+from gpt.train.engine import lr_at, param_groups
+from gpt.model.model import GPT, PADDED_VOCAB_SIZE, PRESETS
 
 STEPS, MICRO, SEQ, ACCUM, LR, WARMUP, SEED = 5, 4, 64, 2, 1e-3, 2, 1234
 

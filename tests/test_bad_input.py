@@ -15,20 +15,20 @@ import torch
 
 import train_ds
 from conftest import REPO, free_port, out_dir_of, plain_shell_env, two_rank_run
-from gpt import dist
+from gpt.train import dist
 from gpt.commands.train import parse
 from gpt.console import BadInput
-from gpt.data import write_shard
-from gpt.plan import device_total_bytes
-from gpt.model import GPT2_VOCAB_SIZE
-from gpt.preflight import model_config, resolve_defaults, validate
+from gpt.data.shards import write_shard
+from gpt.memory.plan import device_total_bytes
+from gpt.model.model import GPT2_VOCAB_SIZE
+from gpt.config.preflight import model_config, resolve_defaults, validate
 
 
 @pytest.fixture
 def run_main(shakespeare_dir, capsys, monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("the input passed validation: the run would have started")
-    monkeypatch.setattr("gpt.dist.setup_distributed", started)  # a case that fails to fail, fails fast
+    monkeypatch.setattr("gpt.train.dist.setup_distributed", started)  # a case that fails to fail, fails fast
 
     def run(*args, data=None):
         argv = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
@@ -117,7 +117,7 @@ def test_missing_data_dir(run_main, tmp_path):
     missing = tmp_path / "missing"
     assert run_main(data=missing) == (
         2, f"error: {missing}: data directory not found "
-           f"(make one with: python -m gpt.prepare shakespeare --out_dir {missing})\n")
+           f"(make one with: python -m gpt.commands.prepare shakespeare --out_dir {missing})\n")
 
 
 @pytest.mark.slow
@@ -132,7 +132,7 @@ def test_every_problem_is_reported_at_once_with_a_nonzero_exit(tmp_path):
         "error: --seq_len 512 exceeds the model's block_size 256 (tiny)",
         "error: --total_batch_tokens 524288 is not divisible by micro_batch x seq_len x world = 3 x 512 x 1 = 1536",
         f"error: {tmp_path / 'missing'}: data directory not found "
-        f"(make one with: python -m gpt.prepare shakespeare --out_dir {tmp_path / 'missing'})",
+        f"(make one with: python -m gpt.commands.prepare shakespeare --out_dir {tmp_path / 'missing'})",
     ]
     assert "step" not in proc.stdout  # nothing trained
 
@@ -218,7 +218,7 @@ def out_with(tmp_path, name, make):
 ZERO = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["zero_optimization"]
 OPTIMIZER = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())["optimizer"]
 # (flags, or a function of tmp_path giving them; the one line expected on stderr, {path}: the DeepSpeed JSON,
-# {tmp}: tmp_path, {device}: what this machine's device holds, as gpt.plan.device_total_bytes says)
+# {tmp}: tmp_path, {device}: what this machine's device holds, as gpt.memory.plan.device_total_bytes says)
 TRAIN_CASES = [
     (["--ds_config", "ds_configs/zero2_fp16.json"],
      "error: ds_configs/zero2_fp16.json: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
@@ -562,7 +562,7 @@ def test_two_ranks_say_it_once_and_exit_2(two_rank_runs, case):
 
 def test_init_from_with_a_resume_of_a_run_that_started_there_is_a_relaunch(tmp_path):
     """The same command relaunched (--init_from X --resume auto) continues its own run: not refused."""
-    from gpt import checkpoint
+    from gpt.train import checkpoint
     hf = hf_dir(tmp_path)
     checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": hf}}, hf)
     with pytest.raises(BadInput):
@@ -611,7 +611,7 @@ def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tm
     before = snapshot(data)
 
     def prepare(*args):
-        return subprocess.run([sys.executable, "-m", "gpt.prepare", *args], cwd=REPO, capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "gpt.commands.prepare", *args], cwd=REPO, capture_output=True, text=True)
     proc = prepare("files", str(text), "--out_dir", str(data))
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: {data} already holds shards of another corpus "
                                                            f"(shakespeare_train_000001.bin, shakespeare_val_000000.bin)")
@@ -641,7 +641,7 @@ def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_d
 def test_unreadable_init_from_weights_are_one_line(shakespeare_dir, tmp_path):
     """--init_from's weights are read once, after launch: a damaged file is still one line and exit 1."""
     from conftest import TINY, train
-    from gpt.model import PRESETS
+    from gpt.model.model import PRESETS
     tiny = PRESETS["tiny"]
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
@@ -664,7 +664,7 @@ def test_an_unfinished_preparation_is_one_warning_and_trains(shakespeare_dir, tm
     shutil.copytree(shakespeare_dir, data)
     progress = data / "shakespeare_prepare.json"
     progress.write_text(json.dumps({**json.loads(progress.read_text()), "complete": False}))
-    monkeypatch.setattr("gpt.dist.setup_distributed", lambda **kwargs: sys.exit("started"))
+    monkeypatch.setattr("gpt.train.dist.setup_distributed", lambda **kwargs: sys.exit("started"))
     with pytest.raises(SystemExit, match="started"):
         train_ds.main(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
                        "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(data), "--out_dir", str(tmp_path / "out")])
@@ -681,7 +681,8 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
     """The safety net behind the memory check before launch: an allocation that fails while the model and its
     engine are built (what the check cannot see: other processes' memory, a cgroup's limit) ends the run with one
     line naming the model, what it needs and what to do, exit 1."""
-    from gpt import ds_config as dsc, trainer
+    from gpt.config import ds_config as dsc
+    from gpt.train import trainer
     settings = parse(["--model", "tiny", "--vocab_size", "1000000", "--ds_config", "ds_configs/zero2_fp32.json"])
     prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.ds_config), lock=None,
                                model_config=model_config(settings))
@@ -699,7 +700,7 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
         f"more ranks with ZeRO 1 or 2, or a device with more memory ({str(error)[:200]})\n")
 
 
-@pytest.mark.parametrize("command", [["train_ds.py", "--model", "tiny"], ["-m", "gpt.plan", "--gpu", "h100-80gb"]])
+@pytest.mark.parametrize("command", [["train_ds.py", "--model", "tiny"], ["-m", "gpt.commands.plan", "--gpu", "h100-80gb"]])
 def test_an_accelerator_deepspeed_does_not_know_is_one_line_and_exit_2(command):
     """DS_ACCELERATOR is read while DeepSpeed is imported, before any flag: an unknown value is one line naming
     it and DeepSpeed's own list, not DeepSpeed's traceback, from the trainer and the console scripts alike."""

@@ -17,7 +17,7 @@ from gpt.commands import plan, prepare
 from gpt.commands.eval import main as evaluate_main
 from gpt.commands.export import main as export_main
 from gpt.commands.sample import main as sample_main
-from gpt.data import write_shard
+from gpt.data.shards import write_shard
 
 SCRIPTS = {"gpt-prepare": prepare.main, "gpt-plan": plan.main, "gpt-eval": evaluate_main,
            "gpt-sample": sample_main, "gpt-export": export_main}
@@ -285,7 +285,7 @@ CASES = [
     ("gpt-eval", "--checkpoint {ckpt} --hf {in} --data {data}", "error: argument --hf: not allowed with argument --checkpoint"),
     ("gpt-eval", "--data {data}", "error: one of the arguments --checkpoint --hf is required"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/missing",
-     "error: {in}/missing: data directory not found (make one with: python -m gpt.prepare shakespeare --out_dir {in}/missing)"),
+     "error: {in}/missing: data directory not found (make one with: python -m gpt.commands.prepare shakespeare --out_dir {in}/missing)"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/good.txt", "error: {in}/good.txt: a file, not a directory of shards"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/no_shards", "error: {in}/no_shards: no 'val' shards (*_val_*.bin or .npy)"),
     ("gpt-eval", "--checkpoint {ckpt} --data {in}/short_val --seq_len 128",

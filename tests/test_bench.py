@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import NO_BF16_UNITS, REPO, background_run
-from gpt.hardware import cpu_has_fast_bf16
-from gpt.loss import liger_problem
+from gpt.config.hardware import cpu_has_fast_bf16
+from gpt.model.loss import liger_problem
 
 
 def bench_smoke_command(*args):
@@ -124,7 +124,7 @@ def test_bench_smoke_loss_speed_and_deterministic(request, tmp_path, device):
     for row in speed:
         assert row["tokens_per_step"] == 2 * 2 * 64 and row["tokens_per_s"] > 0 and row["plain_tokens_per_s"] > 0
         assert row["ratio_to_plain"] == pytest.approx(row["tokens_per_s"] / row["plain_tokens_per_s"])
-        if device == "cpu" or row["mfu"] is not None:  # None: a GPU not in gpt.flops.GPU_PEAK_FLOPS
+        if device == "cpu" or row["mfu"] is not None:  # None: a GPU not in gpt.config.hardware.GPU_PEAK_FLOPS
             assert row["mfu"] > 0 and row["plain_mfu"] > 0
     (row,) = results["deterministic"]
     assert row["note"] is None and row["default_s"] > 0 and row["deterministic_s"] > 0
@@ -173,7 +173,7 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
 def test_checkpoint_bench_measures_universal_conversion(tmp_path):
     """bench/checkpoint.py on the tiny model: the universal conversion is measured next to the save (time, bytes,
     its load into a load_universal engine) and extrapolated to d48 by parameter count; it cleans up after itself."""
-    from gpt.model import PRESETS, param_count
+    from gpt.model.model import PRESETS, param_count
 
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "bench/checkpoint.py", "--model", "tiny", "--out_dir", str(out)],

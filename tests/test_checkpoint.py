@@ -13,12 +13,12 @@ import torch
 from deepspeed.ops.adam import FusedAdam
 
 from conftest import HALF, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
-from gpt import checkpoint, universal
+from gpt.train import checkpoint, universal
 from gpt.console import BadInput
-from gpt.engine import replay_adam_step_count
+from gpt.train.engine import replay_adam_step_count
 
 # Resumed at step 5: Adam's 6th step, the first whose beta2^t (0.95) as a running float product, which DeepSpeed's
-# CPU Adam keeps and no checkpoint holds, differs from pow(0.95, 6) (gpt/engine.py, replay_adam_step_count).
+# CPU Adam keeps and no checkpoint holds, differs from pow(0.95, 6) (gpt/train/engine.py, replay_adam_step_count).
 RESUMABLE = [*TINY, "--max_steps", "8", "--total_batch_tokens", "512", "--save_every", "5", "--keep_last", "5"]
 
 
@@ -264,7 +264,7 @@ def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, small_vocab_dir
 @pytest.mark.slow
 def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, shakespeare_dir):
     """`kill PID` of the `deepspeed` command (DeepSpeed 0.19's runner forwards no signal on one node): the
-    ranks notice their launcher is gone (gpt/stop.py), finish the step, save and exit; nothing is left
+    ranks notice their launcher is gone (gpt/train/stop.py), finish the step, save and exit; nothing is left
     running. A rank killed outright is tests/test_multinode.py's node-death drill."""
     import psutil
 
@@ -298,7 +298,7 @@ def test_resume_with_another_max_steps(tmp_path, shakespeare_dir):
     """At or below the checkpoint's step: nothing left to train, refused before launch. Above it: the schedule
     of the new --max_steps from the resumed step on (said in one line), not the saved lr for one step and then
     a jump."""
-    from gpt.optim import lr_at
+    from gpt.train.engine import lr_at
     args = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
     train(tmp_path, shakespeare_dir, *args, "--max_steps", "4")
     last = tmp_path / "checkpoints" / "step_00000003"

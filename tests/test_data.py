@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from gpt.console import BadInput
-from gpt.data import check_shards, find_shards, load_shard, write_shard
-from gpt.prepare import SHAKESPEARE_VAL_PLAYS, shakespeare_documents
-from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+from gpt.data.shards import check_shards, find_shards, load_shard, write_shard
+from gpt.data.prepare import SHAKESPEARE_VAL_PLAYS, shakespeare_documents
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 
 def write_llmc_shard_independently(path, tokens):
-    """A shard written straight from llm.c's spec, sharing no code with gpt.data."""
+    """A shard written straight from llm.c's spec, sharing no code with gpt.data.shards."""
     with open(path, "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
         f.write(struct.pack(f"<{len(tokens)}H", *tokens))

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import TINY, train
 from gpt.console import BadInput
-from gpt.data import ShuffledTokenLoader, find_shards, fingerprints, load_shard, shard_fingerprint, write_shard
+from gpt.data.shards import ShuffledTokenLoader, find_shards, fingerprints, load_shard, shard_fingerprint, write_shard
 
 RUN = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512"]
 SHARD = "shakespeare_train_000001.bin"

@@ -1,12 +1,12 @@
-"""Full and read-only disks (gpt/disk.py), on small tmpfs mounts: one line, `latest` never on a partial step,
+"""Full and read-only disks (gpt/console.py), on small tmpfs mounts: one line, `latest` never on a partial step,
 refused up front where the run could not save."""
 import subprocess
 
 import pytest
 
 from conftest import TINY, train
-from gpt import checkpoint
-from gpt.disk import free_bytes, megabytes
+from gpt.train import checkpoint
+from gpt.console import free_bytes, megabytes
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_write_problems_are_told_apart(tmp_path):
     error shown whole) where the disk is not why."""
     import errno
 
-    from gpt.disk import write_problem
+    from gpt.console import write_problem
     path = tmp_path / "step_00000003"
     assert write_problem(path, OSError(errno.ENOSPC, "No space left on device")) == \
         f"{path}: no space left on the device"
@@ -88,7 +88,7 @@ def test_write_problems_are_told_apart(tmp_path):
 def test_atomic_write_replaces_only_a_whole_file(tmp_path):
     """A body that raises leaves the target as it was and no temporary; one that completes replaces it. Nested,
     nothing is replaced unless every body completes."""
-    from gpt.disk import atomic_write
+    from gpt.console import atomic_write
     target, other = tmp_path / "a.json", tmp_path / "b.json"
     target.write_text("old")
     with pytest.raises(ValueError):

@@ -1,4 +1,4 @@
-"""The DeepSpeed JSON's reader (gpt/ds_config.py): duplicate keys at any depth, bytes that are not UTF-8, the
+"""The DeepSpeed JSON's reader (gpt/config/ds_config.py): duplicate keys at any depth, bytes that are not UTF-8, the
 precision DeepSpeed will really train in (its `bfloat16` alias), and every shipped ds_configs/*.json passing
 the check. (Bad JSON through the trainer: tests/test_bad_input.py; through gpt-plan: test_bad_input_scripts.py.)"""
 import json
@@ -6,13 +6,13 @@ import json
 import pytest
 
 from conftest import REPO
-from gpt import checkpoint
-from gpt import ds_config as dsc
-from gpt import plan
+from gpt.train import checkpoint
+from gpt.config import ds_config as dsc
+from gpt.memory import plan
 from gpt.commands import plan as plan_command
 from gpt.commands.train import parse
 from gpt.console import BadInput
-from gpt.preflight import resolve_defaults, run_config_of, validate
+from gpt.config.preflight import resolve_defaults, run_config_of, validate
 
 FP32 = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from conftest import REPO, plain_shell_env
-from gpt import hellaswag
-from gpt.commands import models
+from gpt.data import hellaswag
+from gpt.train import hf
 from gpt.commands.eval import main as evaluate_main
 from gpt.commands.sample import main as sample_main
-from gpt.data import ValidationSet, find_shards
-from gpt.evaluate import validation_loss
+from gpt.data.shards import ValidationSet, find_shards
+from gpt.train.evaluate import validation_loss
 
 CPU = torch.device("cpu")
 
@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
     ("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("cuda", True, "cuda")])
 def test_device_choice(monkeypatch, name, cuda_available, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
-    assert models.choose_device(name) == torch.device(expected)
+    assert hf.choose_device(name) == torch.device(expected)
 
 
 @pytest.mark.parametrize("device, bf16_units, expected", [
@@ -37,7 +37,7 @@ def test_precision_choice(monkeypatch, device, bf16_units, expected):
                         lambda including_emulation=True: bf16_units or including_emulation)
     with warnings.catch_warnings():  # building a CUDA autocast without CUDA warns (and disables it)
         warnings.simplefilter("ignore")
-        precision, context = models.evaluation_precision(torch.device(device))
+        precision, context = hf.evaluation_precision(torch.device(device))
     assert precision == expected
     if expected == "bf16":
         assert isinstance(context, torch.autocast) and context.fast_dtype == torch.bfloat16
@@ -56,7 +56,7 @@ def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_ch
         result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         runs.append({k: v for k, v in result.items() if not k.endswith("_per_s")})  # timings vary
     # the reference: the model in fp32 on the CPU, scored as gpt-eval scored it before --device
-    config, load_model = models.model_source(argparse.Namespace(checkpoint=str(trained_checkpoint), hf=None))
+    config, load_model = hf.model_source(argparse.Namespace(checkpoint=str(trained_checkpoint), hf=None))
     model = load_model(CPU)
     scores = hellaswag.evaluate(model, hellaswag.load(hellaswag_files / "hellaswag_val.jsonl"), CPU,
                                 config.block_size)
@@ -84,7 +84,7 @@ def test_gpt_sample_auto_is_cpu_without_cuda(trained_checkpoint, monkeypatch, ca
 def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):
     """As a user runs it (DeepSpeed picking its accelerator, and saying so on stderr): exit 1, nothing on stdout,
     one error line, checked before any weights are read (the repository stands in for the checkpoint)."""
-    proc = subprocess.run([sys.executable, "-m", "gpt.cli", command, "--checkpoint", str(REPO), "--device", "cuda",
+    proc = subprocess.run([sys.executable, "-m", f"gpt.commands.{command}", "--checkpoint", str(REPO), "--device", "cuda",
                            *(["--data", str(REPO), "--json"] if command == "eval" else [])], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env=plain_shell_env())
     assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
@@ -96,7 +96,7 @@ def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):
 def test_gpt_eval_json_in_a_plain_shell_prints_only_json(trained_checkpoint, shakespeare_dir, hellaswag_files):
     """As a user runs it (DeepSpeed picking its accelerator and logging as it likes): stdout is one JSON object,
     whatever the logs and the progress bar write (to stderr)."""
-    proc = subprocess.run([sys.executable, "-m", "gpt.cli", "eval", "--checkpoint", str(trained_checkpoint), "--data",
+    proc = subprocess.run([sys.executable, "-m", "gpt.commands.eval", "--checkpoint", str(trained_checkpoint), "--data",
                            str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "512", "--hellaswag",
                            str(hellaswag_files / "hellaswag_val.jsonl"), "--limit", "4", "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env=plain_shell_env())

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt.hf import export, to_hf
-from gpt.model import PRESETS
+from gpt.train.hf import export, to_hf
+from gpt.model.model import PRESETS
 
 pytestmark = pytest.mark.slow  # launches processes
 

@@ -19,8 +19,8 @@ import torch
 
 from conftest import (REPO, FixturePaths, assert_exit_0, out_dir_of, read_metrics, train, train_losses,
                       write_ds_config)
-from gpt.evaluate import sample
-from gpt.model import GPT, PRESETS
+from gpt.train.evaluate import sample
+from gpt.model.model import GPT, PRESETS
 from test_bench import assert_bf16_rows_or_skip, bench_results
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -39,7 +39,7 @@ RESUME_CHECK = [*TINY, "--no-compile", "--deterministic", "--max_steps", "9", "-
 # 48 x 256 = 12288 rows of logits per micro-batch: one and a half of the fused loss's 8192-row chunks
 LOSS_ROWS = 48 * 256
 LOSS_CHECK = [*TINY, "--micro_batch", "48", "--total_batch_tokens", str(LOSS_ROWS), "--no-compile", "--max_steps", "4"]
-EVAL = ["-m", "gpt.cli", "eval", "--checkpoint", "{trained_checkpoint}", "--data", "{shakespeare_dir}", "--seq_len",
+EVAL = ["-m", "gpt.commands.eval", "--checkpoint", "{trained_checkpoint}", "--data", "{shakespeare_dir}", "--seq_len",
         "64", "--val_tokens", "8192", "--hellaswag", "{hellaswag_files}/hellaswag_val.jsonl", "--json"]
 # 2**32 x a loss of ~11 overflows fp16 (max 65504) in the backward: each overflow skips the step and halves the
 # scale until the gradients fit (the tiny model on CPU under --cpu_fp16: 16 skipped)
@@ -85,7 +85,7 @@ RUNS = {
     **{f"{loss}_{precision}": training(*LOSS_CHECK, "--ds_config", config, "--loss", loss)
        for precision, config in CONFIGS.items() for loss in ("classic", "fused")},
     **{f"eval_{device}": command(*EVAL, "--device", device) for device in ("cpu", "cuda", "auto")},
-    "sample": command("-m", "gpt.cli", "sample", "--checkpoint", "{trained_checkpoint}", "--device", "cuda",
+    "sample": command("-m", "gpt.commands.sample", "--checkpoint", "{trained_checkpoint}", "--device", "cuda",
                       "--prompt", "To be", "--max_new_tokens", "8", "--num_samples", "2"),
 }
 STARTED = []  # the futures of what gpu_runs started: a test that needs the GPU to itself waits for them
@@ -168,7 +168,7 @@ def test_gpt_plan_measure_finds_the_largest_micro_batch_under_a_capped_allocator
     what the process holds outside it), fused and classic loss, eager (compiled, only the sizes dividing the
     budget are tried). The answer is the largest size that fitted, the next size did not, the peaks stay under
     the cap, and the fused loss fits more sequences; stdout is JSON."""
-    proc = subprocess.run([sys.executable, "-m", "gpt.plan", "--measure", "--no-compile", "--model", "d4",
+    proc = subprocess.run([sys.executable, "-m", "gpt.commands.plan", "--measure", "--no-compile", "--model", "d4",
                            "--seq_len", "512", "--ds_config", "ds_configs/zero2_fp16.json", "--loss", "fused",
                            "classic", "--gpu_mem", "4", "--total_batch_tokens", str(512 * 512), "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
@@ -196,7 +196,7 @@ def test_micro_batch_auto_fills_the_gpu(tmp_path, shakespeare_dir, gpu_to_itself
     micro, accum = map(int, chosen.groups())
     assert micro >= 8 and micro * accum * 1024 == 524288  # d12 in bf16 on a >= 32 GB GPU
     assert [r["step"] for r in steps(records)] == [0, 1]  # the second beside Adam's moments
-    # the plan was checked by a real step (gpt/probe.py): the last probe that fitted is the chosen size
+    # the plan was checked by a real step (gpt/memory/probe.py): the last probe that fitted is the chosen size
     probes = re.findall(r"probe at micro-batch (\d+): (fits|out of memory)", proc.stdout)
     assert probes and max(int(size) for size, verdict in probes if verdict == "fits") == micro, proc.stdout[-3000:]
     assert f"probed {micro}: micro_batch {micro} x grad_accum {accum}" in proc.stdout
@@ -286,7 +286,7 @@ def test_the_fused_loss_equals_the_classic_one_and_needs_less_memory(gpu_runs, p
         assert fused["loss"] == pytest.approx(classic["loss"], rel=2e-2)
     peak = {loss: max(r["peak_alloc_gib"] for r in rows) for loss, rows in runs.items()}
     # At its peak the classic loss holds ~3.5 fp32 copies of the full logits (0.67 GiB of a d12 sequence's 0.96 on
-    # an H100), the fused one 1.5 copies of one 8192-row chunk's: two copies less at least (gpt.measured_bytes'
+    # an H100), the fused one 1.5 copies of one 8192-row chunk's: two copies less at least (gpt.memory.plan'
     # step peaks for these 12288 rows on CPU: 8.11 against 2.37 GiB, 2.5 copies)
     logits_gib = LOSS_ROWS * 50304 * 4 / 2**30
     assert peak["fused"] < peak["classic"] - 2 * logits_gib, peak
@@ -303,7 +303,7 @@ def test_bench_smoke_run_on_cuda(gpu_runs):
     assert_bf16_rows_or_skip(results, stdout, bf16, "bf16 rows skipped: this GPU has no bf16 units")
     for row in results["overhead"]:
         assert row["trainer_s"] > 0 and row["plain_s"] > 0
-        assert row["mfu"] is None or 0 < row["mfu"] < 1  # None: a GPU not in gpt.flops.GPU_PEAK_FLOPS
+        assert row["mfu"] is None or 0 < row["mfu"] < 1  # None: a GPU not in gpt.config.hardware.GPU_PEAK_FLOPS
 
 
 @reads("eval_cpu", "eval_cuda", "eval_auto")

@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpt import engine as ds_engine
-from gpt import host_fixes
-from gpt.guard import SpikeGuard, install_grad_norm_hook
-from gpt.model import GPT, GPTConfig
-from gpt.optim import OptimizerSettings
+from gpt.train import dist, engine as ds_engine
+from gpt.train.engine import OptimizerSettings, SpikeGuard, install_grad_norm_hook
+from gpt.model.model import GPT, GPTConfig
 
 MODEL = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)
 OPTIMIZER = OptimizerSettings(lr=1e-3, weight_decay=0.1, warmup_steps=1, max_steps=100, min_lr_ratio=0.1)
@@ -22,7 +20,7 @@ def build_engine(config_name, fp32=False):
     if fp32:
         config.pop("bf16"), config.pop("data_types")
     if "fp16" in config:
-        host_fixes.enable_cpu_fp16()
+        dist.enable_cpu_fp16()
         config["fp16"]["initial_scale_power"] = 6  # so that the 20x spike below is an outlier, not an overflow
     torch.manual_seed(0)
     return ds_engine.initialize(GPT(MODEL), config, micro_batch=2, grad_accum=1, optimizer=OPTIMIZER)

@@ -8,19 +8,20 @@ import sys
 import pytest
 
 from conftest import HALF, NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
-from gpt import hardware, host_fixes
+from gpt.config import hardware
+from gpt.train import dist
 from gpt.commands.train import parse
-from gpt.preflight import resolve_defaults
-from gpt.settings import GPT3_WARMUP_STEPS
+from gpt.config.preflight import resolve_defaults
+from gpt.config.settings import GPT3_WARMUP_STEPS
 
 
-@pytest.mark.skipif(host_fixes.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
+@pytest.mark.skipif(dist.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
 def test_deepspeed_builds_its_cpu_ops_with_the_flags_py_cpuinfo_would_give(monkeypatch):
-    """gpt.dist (conftest imports it) answers py-cpuinfo's get_cpu_info from /proc/cpuinfo (gpt.host_fixes): DeepSpeed's
+    """gpt.train.dist (conftest imports it) answers py-cpuinfo's get_cpu_info from /proc/cpuinfo (gpt.train.dist): DeepSpeed's
     op builder must pick the same -march and SIMD width as with py-cpuinfo's own answer, or it would rebuild its ops with other flags."""
     import cpuinfo
     from deepspeed.ops.op_builder.cpu import FusedAdamBuilder
-    builder, fast = FusedAdamBuilder(), host_fixes.cpu_info_from_proc()
+    builder, fast = FusedAdamBuilder(), dist.cpu_info_from_proc()
     assert cpuinfo.get_cpu_info() == fast  # what DeepSpeed gets in a gpt process
 
     def decisions():  # DeepSpeedCPUAdam also reads the vendor (a warning for fp16 on AMD)
@@ -66,7 +67,7 @@ def test_fix_cuda_arch_list_rewrites_keeps_or_unsets_with_one_line():
 
 
 def cpu_config_choice(env):
-    proc = subprocess.run([sys.executable, "-m", "gpt.hardware"], cwd=REPO, env={**os.environ, **env},
+    proc = subprocess.run([sys.executable, "-m", "gpt.commands.hardware"], cwd=REPO, env={**os.environ, **env},
                           capture_output=True, text=True, check=True)
     return proc.stdout.strip(), proc.stderr.strip().splitlines()[-1]
 

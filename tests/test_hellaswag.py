@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, TINY, succeeded, train, two_rank_run, write_ds_config
-from gpt import hellaswag
+from gpt.data import hellaswag
 from gpt.commands.eval import main as evaluate_main
 from gpt.console import BadInput
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
 
 def brute_force(model, examples):
@@ -144,7 +144,7 @@ def test_gpt_eval_and_gpt_sample_standalone(tmp_path, shakespeare_dir, hellaswag
     assert 9 < results["val_loss"] < 11 and results["hellaswag_examples"] == 10
     assert results["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     assert 0 <= results["hellaswag_acc_norm"] <= 1 and results["hellaswag_examples_per_s"] > 0
-    sample = [sys.executable, "-m", "gpt.cli", "sample", "--checkpoint", checkpoint, "--prompt", "To be",
+    sample = [sys.executable, "-m", "gpt.commands.sample", "--checkpoint", checkpoint, "--prompt", "To be",
               "--max_new_tokens", "8", "--num_samples", "2", "--seed", "7"]
     first, second = (subprocess.run(sample, cwd=REPO, capture_output=True, text=True, check=True).stdout
                      .split("--- sample 0", 1)[1] for _ in range(2))  # past DeepSpeed's timestamped import warning

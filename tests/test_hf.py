@@ -9,15 +9,15 @@ import pytest
 import torch
 import transformers
 
-import gpt.hf
+import gpt.train.hf
 from conftest import SMALL_VOCAB, TINY, train
-from gpt.universal import read_weights
+from gpt.train.universal import read_weights
 from gpt.commands.export import main as export_main
 from gpt.console import BadInput
-from gpt.hf import TOKENIZER_FILES, export, load_hf_weights
-from gpt.loss import model_with_loss
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
-from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+from gpt.train.hf import TOKENIZER_FILES, export, load_hf_weights
+from gpt.model.loss import model_with_loss
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 TEXTS = ["Hello, world!", "naïve café — déjà vu, 日本語 and 🙂", "  two  spaces,\n\n\ta tab and 3.14159",
          "It's ROMEO's; they'll've", ""]
@@ -116,7 +116,7 @@ def export_random_model(config, tmp_path, monkeypatch):
         for parameter in model.parameters():
             if parameter.dim() == 2:
                 parameter.normal_(std=0.5)
-    monkeypatch.setattr(gpt.hf, "read_weights", lambda path: (model.state_dict(), config))
+    monkeypatch.setattr(gpt.train.hf, "read_weights", lambda path: (model.state_dict(), config))
     (tmp_path / "checkpoint").mkdir()
     export_main([str(tmp_path / "checkpoint"), "--out_dir", str(tmp_path / "hf"), "--overwrite"])
     return model

@@ -1,6 +1,6 @@
-"""gpt/ has no import cycles: every `gpt` import, also those inside functions, forms an acyclic graph,
-and each module imports on its own, with no other gpt module loaded before it. The console tools (gpt/commands/)
-import the library (gpt/*.py), never the reverse."""
+"""gpt/ has no import cycles: every `gpt` import, also those inside functions and in `if __name__ == "__main__"`
+blocks, forms an acyclic graph, and each module imports on its own, with no other gpt module loaded before it.
+The console tools (gpt/commands/) import the library (the subpackages), never the reverse."""
 import ast
 import os
 import subprocess
@@ -10,9 +10,12 @@ import pytest
 
 from conftest import REPO
 
-LIBRARY = sorted(path.stem for path in (REPO / "gpt").glob("*.py") if path.stem != "__init__")
-COMMANDS = sorted(f"commands.{path.stem}" for path in (REPO / "gpt" / "commands").glob("*.py") if path.stem != "__init__")
-MODULES = LIBRARY + COMMANDS
+GPT = REPO / "gpt"
+MODULES = sorted(".".join(path.relative_to(GPT).with_suffix("").parts) for path in GPT.rglob("*.py")
+                 if path.stem != "__init__")  # "console", "train.trainer", "commands.plan"
+PACKAGES = sorted(path.parent.name for path in GPT.glob("*/__init__.py"))
+COMMANDS = [module for module in MODULES if module.startswith("commands.")]
+LIBRARY = [module for module in MODULES if module not in COMMANDS]
 
 
 def script_block(node):
@@ -21,15 +24,11 @@ def script_block(node):
 
 
 def gpt_imports(module):
-    """The gpt modules `module` imports anywhere in its source but its script block."""
-    found, nodes = set(), [ast.parse((REPO / "gpt" / f"{module.replace('.', '/')}.py").read_text())]
-    while nodes:
-        node = nodes.pop()
-        if script_block(node):
-            continue
-        nodes.extend(ast.iter_child_nodes(node))
+    """The gpt modules `module` imports anywhere in its source, its script block included."""
+    found = set()
+    for node in ast.walk(ast.parse((GPT / f"{module.replace('.', '/')}.py").read_text())):
         if isinstance(node, ast.ImportFrom) and (node.module == "gpt" or (node.module or "").startswith("gpt.")):
-            package = node.module.removeprefix("gpt").removeprefix(".")  # "", "plan", "commands.models"
+            package = node.module.removeprefix("gpt").removeprefix(".")  # "", "train", "memory.plan"
             found |= {package} | {f"{package}.{alias.name}".lstrip(".") for alias in node.names}
         elif isinstance(node, ast.Import):
             found |= {alias.name.removeprefix("gpt.") for alias in node.names if alias.name.startswith("gpt.")}
@@ -55,18 +54,25 @@ def test_the_gpt_import_graph_has_no_cycle():
 
 def test_the_settings_and_the_console_import_nothing_from_the_project():
     """Anything may read a run's settings or report bad input without loading the trainer's dependencies."""
-    assert (gpt_imports("settings"), gpt_imports("console")) == (set(), set())
+    assert (gpt_imports("config.settings"), gpt_imports("console")) == (set(), set())
 
 
 def test_the_planner_does_not_import_the_command_line():
-    assert gpt_imports("plan") & {"settings", "preflight", "args", "commands.train", "trainer"} == set()
+    assert gpt_imports("memory.plan") & {"config.settings", "config.preflight", "commands.train", "train.trainer"} == set()
 
 
-def test_no_library_module_imports_a_command():
-    """gpt/commands/ imports the library, never the reverse; a library module's script block may hand
-    `python -m gpt.X` over to its command."""
+def test_no_library_module_imports_a_command_or_runs_as_a_script():
+    """gpt/commands/ imports the library, never the reverse: `python -m gpt.commands.X` runs a command, and no
+    library module has a script block that would import one back."""
+    scripts = [module for module in LIBRARY if any(script_block(node) for node in
+                                                   ast.parse((GPT / f"{module.replace('.', '/')}.py").read_text()).body)]
     assert {module: sorted(gpt_imports(module) & set(COMMANDS)) for module in LIBRARY
-            if gpt_imports(module) & set(COMMANDS)} == {}
+            if gpt_imports(module) & set(COMMANDS)} == {} and scripts == []
+
+
+def test_every_subpackage_says_what_it_holds_in_one_line():
+    docs = {package: ast.get_docstring(ast.parse((GPT / package / "__init__.py").read_text())) for package in PACKAGES}
+    assert {package: doc for package, doc in docs.items() if not doc or "\n" in doc} == {}
 
 
 # One fresh interpreter imports torch and DeepSpeed, then forks a child per gpt module: each child starts with

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gpt.console import BadInput
-from gpt.data import ShuffledTokenLoader, ValidationSet, find_shards, write_shard
+from gpt.data.shards import ShuffledTokenLoader, ValidationSet, find_shards, write_shard
 
 SEQ, MICRO = 8, 2
 

@@ -45,7 +45,7 @@ def main():
     import torch
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "shakespeare"
-        subprocess.run([sys.executable, "-m", "gpt.prepare", "shakespeare", "--out_dir", str(data)], cwd=REPO, check=True)
+        subprocess.run([sys.executable, "-m", "gpt.commands.prepare", "shakespeare", "--out_dir", str(data)], cwd=REPO, check=True)
         losses = loss_curve(tmp, data)
     STORED.parent.mkdir(exist_ok=True)
     STORED.write_text(json.dumps({"args": ARGS, "torch": torch.__version__, "deepspeed": deepspeed.__version__,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gpt.model import GPT, GPTConfig, PRESETS, param_count
+from gpt.model.model import GPT, GPTConfig, PRESETS, param_count
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=128)
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
-from gpt import checkpoint
+from gpt.train import checkpoint
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
 

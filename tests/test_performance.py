@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO, TINY, out_dir_of, succeeded, two_rank_run
-from gpt import dist
+from gpt.train import dist
 
 
 @pytest.mark.two_rank_runs({"profile": two_rank_run("--data", "{shakespeare_dir}", *TINY, "--max_steps", "4",
@@ -26,7 +26,7 @@ def test_profile_writes_a_trace_per_rank_for_tensorboard(two_rank_runs):
 
 RESIDENT_AFTER_FREE = """
 import torch
-from gpt.host_fixes import keep_freed_memory_in_heap
+from gpt.train.dist import keep_freed_memory_in_heap
 if {keep}:
     keep_freed_memory_in_heap()
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096

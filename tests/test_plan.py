@@ -10,11 +10,11 @@ import torch
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from conftest import REPO, out_dir_of, plain_shell_env, succeeded, two_rank_run
-from gpt.measured_bytes import measure_step_bytes
-from gpt.model import PRESETS, GPTConfig
-from gpt.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, make_plan, model_state_bytes, per_token_bytes, step_bytes)
+from gpt.memory.plan import measure_step_bytes
+from gpt.model.model import PRESETS, GPTConfig
+from gpt.memory.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, make_plan, model_state_bytes, per_token_bytes, step_bytes)
 from gpt.console import BadInput
-from gpt.ds_config import load as load_ds_config
+from gpt.config.ds_config import load as load_ds_config
 
 
 @pytest.mark.parametrize("world_size", [1, 8, 64])
@@ -203,7 +203,7 @@ def test_several_configs_and_losses_plan_each(capsys):
 def test_gpt_plan_in_a_plain_shell_prints_only_json_and_measure_needs_a_gpu():
     """As a user runs it: DeepSpeed picks its accelerator itself and may log; stdout holds nothing but the
     JSON. Without a GPU, --measure is one line and exit 1."""
-    run = lambda *args: subprocess.run([sys.executable, "-m", "gpt.plan", "--model", "tiny", "--seq_len", "64",  # noqa: E731
+    run = lambda *args: subprocess.run([sys.executable, "-m", "gpt.commands.plan", "--model", "tiny", "--seq_len", "64",  # noqa: E731
                                         "--ds_config", "ds_configs/zero2_fp32.json", *args], cwd=REPO,
                                        capture_output=True, text=True, timeout=300, env=plain_shell_env())
     planned = run("--gpu", "v100-32gb", "--json")

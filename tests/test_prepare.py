@@ -11,9 +11,9 @@ import pytest
 
 from conftest import REPO
 from gpt.commands.prepare import main
-from gpt.data import find_shards, load_shard
-from gpt.prepare import Corpus, prepare
-from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+from gpt.data.shards import find_shards, load_shard
+from gpt.data.prepare import Corpus, prepare
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 DOCUMENTS = [f"Document {i}: " + "word " * (i % 37) + "end." for i in range(300)]
 SETTINGS = {"source": "test"}
@@ -73,7 +73,7 @@ def test_an_interrupted_prepare_resumes_where_it_stopped(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
             yield doc
 
-    monkeypatch.setattr("gpt.prepare.DOCUMENTS_PER_TASK", 16)  # several tasks, so shards complete before the crash
+    monkeypatch.setattr("gpt.data.prepare.DOCUMENTS_PER_TASK", 16)  # several tasks, so shards complete before the crash
     with pytest.raises(KeyboardInterrupt):
         prepare(Corpus(crashing(DOCUMENTS, 170)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
     written = sorted(p.name for p in (tmp_path / "resumed").glob("*.bin"))
@@ -97,7 +97,7 @@ def test_hub_source_reads_a_local_dataset_directory(tmp_path):
 
 
 def run_prepare(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "gpt.prepare", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpt.commands.prepare", *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
 
 
@@ -108,7 +108,7 @@ def test_offline_hub_is_a_clear_error(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: cannot reach the Hugging Face Hub for 'HuggingFaceFW/fineweb-edu' (offline?); download it "
-        "elsewhere and prepare the files with: python -m gpt.prepare files PATH")
+        "elsewhere and prepare the files with: python -m gpt.commands.prepare files PATH")
 
 
 @pytest.mark.slow
@@ -139,7 +139,7 @@ def test_a_directory_where_a_shard_goes_is_one_line_and_leaves_no_partial_file(t
 def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "out" / "corpus_val_000000.bin.tmp"))
-    monkeypatch.setattr("gpt.prepare.write_shard", full)
+    monkeypatch.setattr("gpt.data.prepare.write_shard", full)
     text = tmp_path / "docs.jsonl"
     text.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS[:20]))
     with pytest.raises(SystemExit) as exit_info:

@@ -1,4 +1,4 @@
-"""--micro_batch auto's probe (gpt/probe.py) and gpt-plan --measure's search (gpt/measure.py): real DeepSpeed
+"""--micro_batch auto's probe (gpt/memory/probe.py) and gpt-plan --measure's search (gpt/memory/measure.py): real DeepSpeed
 engines on CPU, with the GPU allocator's out-of-memory simulated in the loss, since a CPU process swaps or is
 killed instead of raising it."""
 import gc
@@ -9,14 +9,14 @@ import weakref
 import pytest
 import torch
 
-from gpt import engine as ds_engine
-from gpt import loss as losses
-from gpt.loss import chunked_cross_entropy
-from gpt.model import GPT, GPTConfig
-from gpt.optim import OptimizerSettings
-from gpt import measure
-from gpt.measure import format_report, measure_row, report_header
-from gpt.probe import dividing_sizes, probe_micro_batch, search_largest
+from gpt.train import engine as ds_engine
+from gpt.model import loss as losses
+from gpt.model.loss import chunked_cross_entropy
+from gpt.model.model import GPT, GPTConfig
+from gpt.train.engine import OptimizerSettings
+from gpt.memory import measure
+from gpt.memory.measure import format_report, measure_row, report_header
+from gpt.memory.probe import dividing_sizes, probe_micro_batch, search_largest
 from conftest import FP32_CONFIG, HALF, REPO, TINY, out_dir_of, succeeded, train, train_losses, two_rank_run
 
 SEQ_LEN, VOCAB = 16, 128

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from conftest import TINY, train
-from gpt.progress import Progress, duration
+from gpt.train.metrics import Progress, duration
 
 
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42, "42s"), (185, "3m05s"), (3720, "1h02m"),

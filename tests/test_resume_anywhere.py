@@ -1,5 +1,5 @@
 """Resume anywhere: a checkpoint continues on another world size, ZeRO stage or micro-batch with its Adam moments,
-its schedule and exactly the next global batch (gpt/universal.py, gpt/data.py). The losses after such a resume
+its schedule and exactly the next global batch (gpt/train/universal.py, gpt/data/shards.py). The losses after such a resume
 are the uninterrupted run's up to the order of the sums: ranks and micro-steps add a step's gradients in another
 order. Measured on CPU (2026-11-24): RELATIVE_TOLERANCE's comments."""
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import HALF, RELATIVE_TOLERANCE, TINY, out_dir_of, succeeded, train, two_rank_run, write_ds_config
-from gpt import checkpoint
+from gpt.train import checkpoint
 
 # 1024 tokens a step: 2 ranks x micro_batch 4 x seq_len 64 x grad_accum 2, or 1 rank x grad_accum 4
 CHAIN = [*TINY, "--total_batch_tokens", "1024", "--save_every", "2", "--keep_last", "10", "--lr", "3e-3"]

@@ -1,4 +1,4 @@
-"""One run per --out_dir at a time (gpt/run_lock.py): a second run beside a live one, fresh or resumed, is
+"""One run per --out_dir at a time (gpt/train/run_lock.py): a second run beside a live one, fresh or resumed, is
 refused with one line naming the holder; a dead run's lock file blocks nothing."""
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, TINY, free_port, train
-from gpt import run_lock
+from gpt.train import run_lock
 from gpt.console import BadInput
 
 LONG_RUN = [*TINY, "--max_steps", "500", "--total_batch_tokens", "512", "--save_every", "0"]
@@ -108,7 +108,7 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     second finds the first one's files (or the first one still holding it), and is refused."""
     from types import SimpleNamespace
 
-    from gpt.trainer import lock_out_dir
+    from gpt.train.trainer import lock_out_dir
     settings = SimpleNamespace(out_dir=str(tmp_path / "out"), resume=None)
     first, refusal = lock_out_dir(settings, None)
     assert refusal is None

@@ -1,7 +1,7 @@
 import torch
 
-from gpt.evaluate import sample
-from gpt.model import GPT, GPT2_VOCAB_SIZE, PRESETS
+from gpt.train.evaluate import sample
+from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 
 
 def test_sampling_is_reproducible_and_leaves_the_training_rng_untouched():

@@ -1,13 +1,13 @@
-"""Each setting is defined once, in gpt/settings.py: the command line is generated from the fields, with their
+"""Each setting is defined once, in gpt/config/settings.py: the command line is generated from the fields, with their
 defaults, help and ranges."""
 import dataclasses
 
 import pytest
 
 from gpt.commands.train import build_parser, parse
-from gpt.model import PADDED_VOCAB_SIZE, PRESETS
-from gpt.preflight import number_problems
-from gpt.settings import Settings, ranges
+from gpt.model.model import PADDED_VOCAB_SIZE, PRESETS
+from gpt.config.preflight import number_problems
+from gpt.config.settings import Settings, ranges
 
 
 def test_every_setting_is_a_flag_with_the_fields_default(monkeypatch):
@@ -23,7 +23,7 @@ def test_the_launchers_local_rank_is_the_default(monkeypatch):
 
 
 def test_the_settings_vocabulary_is_the_models_padded_one():
-    assert Settings().vocab_size == PADDED_VOCAB_SIZE  # gpt/settings.py may not import gpt.model
+    assert Settings().vocab_size == PADDED_VOCAB_SIZE  # gpt/config/settings.py may not import gpt.model.model
 
 
 def test_the_parser_takes_its_choices_and_switches_from_the_fields():

@@ -1,5 +1,5 @@
-"""Stops at any moment end cleanly (gpt/stop.py), and what killed runs leave behind is removed at the next
-start (gpt/leftovers.py): a SIGTERM to the `deepspeed` command during start-up, before and after it started
+"""Stops at any moment end cleanly (gpt/train/stop.py), and what killed runs leave behind is removed at the next
+start (gpt/train/dist.py): a SIGTERM to the `deepspeed` command during start-up, before and after it started
 the ranks; a SIGINT during the imports; a SIGKILLed rank of two; a main thread stuck in C code; a stale
 /dev/shm allreduce buffer beside live ones; a stale JIT build lock. Each: every process gone in bounded
 time, one line, and the next launch (the same port) works. A SIGTERM after the first step (save, exit 0) is
@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from conftest import REPO, TINY, free_port, train
-from gpt import leftovers, stop
+from gpt.train import dist, stop
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
-GONE_WITHIN_S = 60  # generous: the machine is shared and loaded; gpt/stop.py's hard exit is at 10 s
+GONE_WITHIN_S = 60  # generous: the machine is shared and loaded; gpt/train/stop.py's hard exit is at 10 s
 
 
 def processes_of(out_dir):
@@ -176,7 +176,7 @@ def test_a_stop_inside_an_import_is_told_apart(tmp_path, monkeypatch):
 
 STUCK = """
 import datetime, sys
-from gpt.stop import StopRequest
+from gpt.train.stop import StopRequest
 stop = StopRequest()
 import torch.distributed
 print("waiting for a rank that never comes", flush=True)
@@ -262,7 +262,7 @@ def test_a_buffer_opened_while_it_was_being_removed_is_kept(tmp_path, monkeypatc
     """The rename-first removal: a run that opens the buffer after the first look keeps it."""
     buffer = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.99_1_0"
     buffer.write_bytes(b"\0" * 4096)
-    first_look, holders = leftovers.held_files, []
+    first_look, holders = dist.held_files, []
 
     def opened_meanwhile(keys):
         held = first_look(keys)
@@ -270,9 +270,9 @@ def test_a_buffer_opened_while_it_was_being_removed_is_kept(tmp_path, monkeypatc
             holders.append(hold(buffer, mapped=False))
         return held
 
-    monkeypatch.setattr(leftovers, "held_files", opened_meanwhile)
+    monkeypatch.setattr(dist, "held_files", opened_meanwhile)
     try:
-        assert leftovers.remove_stale_shm_buffers(tmp_path) == []
+        assert dist.remove_stale_shm_buffers(tmp_path) == []
         assert buffer.exists()
     finally:
         holders[0].kill()
@@ -316,9 +316,9 @@ def test_a_stale_lock_is_removed_on_a_local_file_system_and_reported_on_a_shared
     lock.parent.mkdir()
     lock.touch()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr(leftovers, "file_system_type", lambda path: file_system)
+    monkeypatch.setattr(dist, "file_system_type", lambda path: file_system)
     lines = []
-    removed = leftovers.handle_stale_jit_locks(say=lines.append)
+    removed = dist.handle_stale_jit_locks(say=lines.append)
     assert len(lines) == 1 and lines[0].startswith("warning:")
     if file_system == "ext4":
         assert removed == [lock] and not lock.exists()
@@ -327,9 +327,9 @@ def test_a_stale_lock_is_removed_on_a_local_file_system_and_reported_on_a_shared
 
 
 def test_the_stop_watch_starts_before_torch_loads():
-    """train_ds.py starts gpt.stop first so that a stop during the seconds of importing torch and DeepSpeed is
+    """train_ds.py starts gpt.train.stop first so that a stop during the seconds of importing torch and DeepSpeed is
     caught: it must not import them itself."""
-    code = "import sys, gpt.stop; print(sorted({'torch', 'deepspeed'} & set(sys.modules)))"
+    code = "import sys, gpt.train.stop; print(sorted({'torch', 'deepspeed'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True)
     assert proc.stdout == "[]\n", proc.stderr

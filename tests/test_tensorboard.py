@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 
 from conftest import TINY, train
-from gpt.dist import free_port
-from gpt.metrics import HPARAM_METRICS, MAIN_HPARAMS, TAGS, MetricsLogger, events_dir, layout, sectioned_tag
+from gpt.train.dist import free_port
+from gpt.train.metrics import HPARAM_METRICS, MAIN_HPARAMS, TAGS, MetricsLogger, events_dir, layout, sectioned_tag
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--lr", "3e-3", "--val_every", "2", "--val_tokens", "512",
         "--sample_every", "2", "--sample_tokens", "8"]

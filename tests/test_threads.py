@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import RELATIVE_TOLERANCE, TINY, train
-from gpt.dist import threads_per_rank
+from gpt.train.dist import threads_per_rank
 
 
 def layer_norm_gradients(threads):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import (HALF, SMALL_VOCAB, TINY, assert_exit_0, background_run, launcher_argv, out_dir_of,
                       read_metrics, succeeded, train, train_losses, two_rank_run, write_ds_config)
-from gpt.optim import lr_at
+from gpt.train.engine import lr_at
 
 FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
 
@@ -115,7 +115,7 @@ def test_micro_batch_auto_asks_the_planner(tmp_path, shakespeare_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", ["fused", "classic"])  # fused: the chunked kernel, the one other than liger (CUDA)
 def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakespeare_dir, loss):
-    """--compile (each block, and the head with our own losses: gpt.model.compile_regions) gives eager's losses and
+    """--compile (each block, and the head with our own losses: gpt.model.model.compile_regions) gives eager's losses and
     validation losses for every --loss that runs on a CPU, and samples."""
     config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
     args = [*TINY, *FP32_STEPS, "--max_steps", "2", "--ds_config", config, "--val_every", "1",
@@ -132,8 +132,8 @@ def test_compile_keeps_training_validation_and_sampling_working(tmp_path, shakes
 @pytest.mark.parametrize("source", ["files", "hub", "npy"])
 def test_training_runs_on_shards_from_each_source(tmp_path, shakespeare_dir, source):
     from gpt.commands.prepare import main as prepare_main
-    from gpt.data import find_shards, load_shard
-    from gpt.prepare import shakespeare_documents
+    from gpt.data.shards import find_shards, load_shard
+    from gpt.data.prepare import shakespeare_documents
 
     data = tmp_path / "data"
     if source == "npy":  # build-nanogpt's format: headerless uint16 .npy shards

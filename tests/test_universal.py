@@ -1,4 +1,4 @@
-"""Universal checkpoints (gpt/universal.py): 2-rank ZeRO-1/2 checkpoints (from the shared 2-rank launch) converted
+"""Universal checkpoints (gpt/train/universal.py): 2-rank ZeRO-1/2 checkpoints (from the shared 2-rank launch) converted
 with DeepSpeed's converter inside their step directory, reused, read by read_weights and the console scripts, and
 loaded into a 1-rank engine with the optimizer state exactly the two ranks' shards gathered; bf16 across DeepSpeed's
 two optimizers (BF16_Optimizer for bf16 ZeRO-1 with fp32 accumulation, DeepSpeedZeroOptimizer for ZeRO-2); and
@@ -15,14 +15,13 @@ import torch
 
 from conftest import (HALF, TINY, join_single_rank_group, out_dir_of, succeeded, train, two_rank_run,
                       write_ds_config)
-from gpt import checkpoint, universal
-from gpt import engine as ds_engine
+from gpt.train import checkpoint, engine as ds_engine, universal
 from gpt.commands.eval import main as evaluate_main
 from gpt.commands.export import main as export_main
 from gpt.commands.sample import main as sample_main
 from gpt.console import BadInput
-from gpt.model import GPT, GPTConfig
-from gpt.optim import OptimizerSettings
+from gpt.model.model import GPT, GPTConfig
+from gpt.train.engine import OptimizerSettings
 
 STEPS = ["--max_steps", "3", "--total_batch_tokens", "512", "--save_every", "3"]  # one checkpoint: step_00000002
 TAG = "step_00000002"

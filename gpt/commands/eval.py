@@ -3,7 +3,7 @@ GPT-2 directory.
 
     gpt-eval --checkpoint runs/dsgpt/checkpoints --data data/fineweb10B --hellaswag hellaswag_val.jsonl --json
     gpt-eval --hf gpt2-dir --hellaswag val                      # OpenAI's GPT-2 124M: acc_norm 0.2955
-    python -m gpt.cli eval ...                                  # the same without installing
+    python -m gpt.commands.eval ...                                  # the same without installing
 
 It runs on the GPU when torch sees one (--device auto, the default; --device cpu|cuda to choose), in bf16
 autocast on GPUs with bf16 units and in fp32 elsewhere, and reports the device and precision it used.
@@ -14,15 +14,14 @@ then the model's shape (read without its weights) against them.
 import json
 import time
 
-from gpt import hellaswag
-from gpt.args import Parser, range_problems
+from gpt.data import hellaswag
+from gpt.console import BadInput, Parser, exit_if, exit_with, range_problems
 
-from gpt.commands.models import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
-from gpt.data import ValidationSet, check_token_range, find_shards
-from gpt.evaluate import validation_loss
+from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
+from gpt.data.shards import ValidationSet, check_token_range, find_shards
+from gpt.train.evaluate import validation_loss
 
-from gpt.console import BadInput, exit_if, exit_with
-from gpt.model import GPT2_VOCAB_SIZE
+from gpt.model.model import GPT2_VOCAB_SIZE
 
 DEFAULT_VAL_TOKENS = 10 * 2**20
 
@@ -97,3 +96,7 @@ def main(argv=None):
         exit_with(e)
     print(json.dumps(results) if args.json else "\n".join(f"{k:28s} {v:.4f}" if isinstance(v, float)
                                                          else f"{k:28s} {v}" for k, v in results.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,16 +1,15 @@
-"""gpt-export: a dsgpt checkpoint as a Hugging Face GPT-2 directory (gpt/hf.py's export).
+"""gpt-export: a dsgpt checkpoint as a Hugging Face GPT-2 directory (gpt/train/hf.py's export).
 
-    gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.hf ...
+    gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.commands.export ...
 
 An --out_dir that already holds a model's files is refused unless --overwrite is given.
 """
 import os
 from pathlib import Path
 
-from gpt.args import Parser, out_dir_problem, regular_file_problem
-from gpt.checkpoint import COMPLETE, complete_tags
-from gpt.console import exit_if, exit_with
-from gpt.hf import MODEL_FILES, export
+from gpt.console import Parser, exit_if, exit_with, out_dir_problem, regular_file_problem
+from gpt.train.checkpoint import COMPLETE, complete_tags
+from gpt.train.hf import MODEL_FILES, export
 
 
 def check_args(args):
@@ -47,3 +46,7 @@ def main(argv=None):
         exit_with(e)
     print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained, or "
           f"transformers.pipeline('text-generation', model='{out}'))")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,22 +1,20 @@
-"""gpt-plan: one GPU's memory planned before a launch (gpt/plan.py), and with --measure also found by training
-on this GPU (gpt/measure.py).
+"""gpt-plan: one GPU's memory planned before a launch (gpt/memory/plan.py), and with --measure also found by training
+on this GPU (gpt/memory/measure.py).
 
     gpt-plan --model d12 --seq_len 1024 --ds_config ds_configs/zero1_bf16.json --gpu a800-80gb --world_size 8
-    python -m gpt.plan ...                                   # the same without installing
+    python -m gpt.commands.plan ...                                   # the same without installing
 """
 import argparse
 import json
 import math
 
-from gpt import ds_config as dsc
-from gpt.args import Parser, range_problems
+from gpt.config import ds_config as dsc
+from gpt.console import BadInput, Parser, exit_if, exit_with, range_problems
 from gpt.commands.train import add_model_arguments
-from gpt.console import BadInput, exit_if, exit_with
-from gpt.loss import LOSSES
-from gpt.allocator import trainer_uses_expandable_segments
-from gpt.model import preset_config
-from gpt.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan
-from gpt.settings import GPT3_TOKENS_PER_STEP, range_of
+from gpt.model.loss import LOSSES
+from gpt.memory.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan, trainer_uses_expandable_segments
+from gpt.model.model import preset_config
+from gpt.config.settings import GPT3_TOKENS_PER_STEP, range_of
 
 
 def build_parser():
@@ -36,7 +34,7 @@ def build_parser():
     p.add_argument("--total_batch_tokens", type=int, default=GPT3_TOKENS_PER_STEP)
     p.add_argument("--measure", action="store_true",
                    help="train on this machine's GPU to find the largest micro-batch that fits, next to the plan "
-                        "(gpt/measure.py)")
+                        "(gpt/memory/measure.py)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="with --measure: each size's steps compiled as the trainer runs them on CUDA (default; a "
                         "compile per size, so only sizes dividing --total_batch_tokens are tried); --no-compile: "
@@ -117,8 +115,8 @@ def main(argv=None):
 
 
 def measure_main(args, config):
-    """gpt-plan --measure: the plan and the GPU's answer per config and loss (gpt/measure.py)."""
-    from gpt import measure
+    """gpt-plan --measure: the plan and the GPU's answer per config and loss (gpt/memory/measure.py)."""
+    from gpt.memory import measure
 
     def plan_for(ds_config, loss, allocator, device_bytes):
         try:
@@ -130,3 +128,7 @@ def measure_main(args, config):
     with measure.stdout_to_stderr():  # DeepSpeed's and NCCL's logs: stdout is the report's
         report = measure.run(args, config, plan_for)
     print(json.dumps(report) if args.json else measure.format_report(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,17 +1,15 @@
-"""gpt-prepare: a corpus as llm.c-format token shards (gpt/prepare.py).
+"""gpt-prepare: a corpus as llm.c-format token shards (gpt/data/prepare.py).
 
-    python -m gpt.prepare shakespeare --out_dir data/shakespeare
-    python -m gpt.prepare files 'corpus/*.jsonl' --text_field text --out_dir data/mine
-    python -m gpt.prepare hub HuggingFaceFW/fineweb-edu --hub_config sample-10BT --out_dir data/fineweb_edu
+    python -m gpt.commands.prepare shakespeare --out_dir data/shakespeare
+    python -m gpt.commands.prepare files 'corpus/*.jsonl' --text_field text --out_dir data/mine
+    python -m gpt.commands.prepare hub HuggingFaceFW/fineweb-edu --hub_config sample-10BT --out_dir data/fineweb_edu
 """
 import os
 from pathlib import Path
 
-from gpt.args import Parser, range_problems
+from gpt.console import BadInput, Parser, exit_if, exit_with, os_error_line, range_problems
 
-from gpt.console import BadInput, exit_if, exit_with
-from gpt.disk import os_error_line
-from gpt.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
+from gpt.data.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
 
 MAX_SHARD_TOKENS = 2**31 - 1  # the llm.c header's token count is an int32
 SHARD_HEADER_LIMIT = "llm.c's shard header holds the token count as an int32"
@@ -72,3 +70,7 @@ def main(argv=None):
     except OSError as e:  # a full disk while writing, a directory where a shard goes
         exit_with(os_error_line(e, args.out_dir))
     print(f"{name}: {counts['train']:,} train and {counts['val']:,} val tokens in {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

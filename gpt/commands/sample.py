@@ -1,7 +1,7 @@
 """gpt-sample: text sampled from one of our checkpoints or a Hugging Face GPT-2 directory.
 
     gpt-sample --checkpoint runs/dsgpt/checkpoints --prompt "Hello, I'm a language model," --num_samples 4
-    python -m gpt.cli sample ...                               # the same without installing
+    python -m gpt.commands.sample ...                               # the same without installing
 
 It runs on the GPU when torch sees one (--device auto, the default; --device cpu|cuda to choose), in bf16
 autocast on GPUs with bf16 units and in fp32 elsewhere; stdout holds only the samples.
@@ -14,14 +14,13 @@ import sys
 
 import torch
 
-from gpt.args import Parser, range_problems, seed_problem
+from gpt.console import BadInput, Parser, exit_if, exit_with, range_problems, seed_problem
 
-from gpt.commands.models import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
-from gpt.evaluate import sample
+from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
+from gpt.train.evaluate import sample
 
-from gpt.console import BadInput, exit_if, exit_with
-from gpt.model import GPT2_VOCAB_SIZE
-from gpt.tokenizer import EOT_TOKEN, gpt2_tokenizer
+from gpt.model.model import GPT2_VOCAB_SIZE
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 # Upper bounds that stop a typo (--num_samples 1000000000000) from printing for days; no real use comes near them.
 MAX_NEW_TOKENS = 2**16
@@ -76,3 +75,7 @@ def main(argv=None):
         for i in range(args.num_samples):
             tokens = sample(model, prompt, args.max_new_tokens, generator, device, args.temperature, args.top_k)
             print(f"--- sample {i}\n{tokenizer.decode(tokens[1:] if args.prompt == '' else tokens)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,10 @@
-"""train_ds.py's command line: a flag per field of gpt.settings.Settings (its default, help and range are
+"""train_ds.py's command line: a flag per field of gpt.config.settings.Settings (its default, help and range are
 there), read into Settings. A malformed command line is one `error:` line and exit status 2, as any bad
 training input."""
-from gpt.args import Parser, add_setting_arguments
-from gpt.loss import LOSS_CHOICES
-from gpt.model import PRESETS
-from gpt.settings import Settings
+from gpt.console import Parser
+from gpt.model.loss import LOSS_CHOICES
+from gpt.model.model import PRESETS
+from gpt.config.settings import Settings, add_setting_arguments
 
 MODEL_FLAGS = ("model", "n_layer", "n_embd", "n_head")  # gpt-plan takes them too
 CHOICES = {"model": sorted(PRESETS), "loss": LOSS_CHOICES}

@@ -1,0 +1,232 @@
+"""Every check before launch, behind one entry: preflight(settings, world_size, device_type) -> Setup.
+
+It runs on every rank before any process group, tensor or file of the run exists, and writes nothing: the
+output directory (writable, not locked by a live run, not an earlier run's unless resuming), the settings (every
+number in range, the DeepSpeed JSON, the model's shape, the token budget, the shards, --init_from), the
+defaults that depend on the run (torch.compile, warmup, --micro_batch auto by the memory planner), whether the
+model's states fit the device at all, the checkpoint to resume from and how it loads, the disk space, HellaSwag.
+Bad input raises BadInput listing every problem it found, one per line; the trainer exits on it (gpt.console)."""
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from gpt.train import checkpoint, run_lock, universal
+from gpt.data import hellaswag
+from gpt.config import ds_config as dsc
+from gpt.console import BadInput, range_problems, say0, seed_problem
+from gpt.data.shards import check_lengths, check_shards, find_shards, fingerprints, unfinished_preparations
+from gpt.model.loss import liger_problem, memory_kind
+from gpt.model.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, preset_config
+from gpt.memory.plan import auto_micro_batch, model_memory_problem
+from gpt.train.metrics import profiled_steps_needed
+from gpt.config.settings import GPT3_WARMUP_STEPS, Settings, ranges
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What preflight() checked and decided before the process group existed (device and lock: after it)."""
+    settings: Settings  # complete: defaults and --micro_batch auto resolved
+    ds_config: dict
+    model_config: GPTConfig
+    grad_accum: int
+    run_config: dict  # what this run's checkpoints record about it
+    resume_from: Path | None
+    hellaswag_examples: list
+    resume_kind: str | None = None  # how resume_from loads: checkpoint.resume_kind
+    auto_plan: dict | None = None  # --micro_batch auto's plan, which the trainer's probe checks on a GPU
+    device: object = None  # the torch.device, once the process group exists (gpt.train.trainer.setup)
+    lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/train/run_lock.py)
+
+
+def preflight(settings, world_size, device_type):
+    """Check everything that can be checked before launch, and decide what the settings left open; says the
+    choices a user may not expect (rank 0). Raises BadInput. Writes nothing."""
+    checkpoint.check_writable(settings.out_dir, settings.data)
+    run_lock.check_unlocked(settings.out_dir)
+    if not settings.resume:
+        checkpoint.check_fresh_out_dir(settings.out_dir)  # again under the lock (gpt.train.trainer): this one writes nothing
+    resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
+    saved = checkpoint.read_run_config(resume_from) if resume_from else None
+    if saved:
+        checkpoint.check_init_from(resume_from, saved, settings.init_from)
+    if saved and settings.warmup_steps is None:  # the default depends on --max_steps, which a resume may raise
+        settings = replace(settings, warmup_steps=saved["args"]["warmup_steps"])
+    settings, notes = resolve_defaults(settings, device_type)
+    for note in notes:
+        say0(note)
+    if (settings.micro_batch == "auto" and saved and saved["world_size"] == world_size
+            and checkpoint.format_of(saved) < checkpoint.FORMAT):  # its data order depends on the micro-batch
+        settings = replace(settings, micro_batch=saved["args"]["micro_batch"])
+        say0(f"--micro_batch auto: {settings.micro_batch}, as the checkpoint was saved with (it is older than "
+             f"data positions that any micro-batch continues)")
+    settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type)
+    for warning in unfinished_preparations(settings.data):
+        say0(warning, sys.stderr)
+    run_config = run_config_of(settings, ds_config, model_config, world_size)
+    kind = None
+    if resume_from is not None:
+        checkpoint.check_compatible(resume_from, saved, run_config)
+        kind = checkpoint.resume_kind(saved, run_config)
+        if kind == "universal":
+            converted = (resume_from / universal.UNIVERSAL).is_dir()  # by an earlier resume: reused
+            problem = None if converted else universal.convert_problem(resume_from)
+            if problem:
+                raise BadInput(problem)
+            ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
+        checkpoint.check_same_data(resume_from, saved, run_config, settings.data, settings.reset_data_position)
+        checkpoint.check_resume_target(resume_from, settings.out_dir)
+        checkpoint.check_steps_left(resume_from, settings.max_steps)
+    checkpoint.check_space(settings.out_dir, resume_from)
+    examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
+    return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
+                 run_config=run_config, resume_from=resume_from, resume_kind=kind, hellaswag_examples=examples,
+                 auto_plan=auto_plan)
+
+
+def check_settings(settings, world_size, device_type):
+    """The settings checked, --micro_batch auto planned (the DeepSpeed JSON read once for both): raises BadInput
+    listing every problem. Returns (the settings, the DeepSpeed config, the model's GPTConfig, grad_accum, the
+    auto plan or None)."""
+    problems = number_problems(settings)
+    if problems:  # the checks below assume sane numbers
+        raise BadInput("\n".join(problems))
+    ds_config, problems = read_ds_config(settings, device_type)
+    config = model_config(settings)
+    problems += config.problems(settings.seq_len, settings.model)
+    if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
+        problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {config.vocab_size} < {GPT2_VOCAB_SIZE}")
+    if settings.max_steps < profiled_steps_needed(settings.profile):
+        problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
+                        f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")
+    if settings.warmup_steps < 0 or settings.warmup_steps > settings.max_steps:
+        problems.append(f"--warmup_steps {settings.warmup_steps} must lie in [0, --max_steps {settings.max_steps}]")
+    auto_plan = None
+    if settings.micro_batch == "auto" and not problems:  # the plan needs a sound JSON and shape
+        settings, auto_plan = plan_micro_batch(settings, config, ds_config, world_size, device_type)
+    grad_accum = None
+    if settings.micro_batch != "auto":
+        try:
+            grad_accum = gradient_accumulation(settings, world_size)
+        except BadInput as e:
+            problems.append(str(e))
+    if settings.reset_data_position and not settings.resume:
+        problems.append("--reset_data_position applies to --resume, which is not given")
+    if settings.init_from:
+        from gpt.train.hf import check_hf_matches  # transformers-free, but only --init_from needs it
+        try:
+            check_hf_matches(settings.init_from, config)
+        except BadInput as e:
+            problems.append(str(e))
+    try:
+        check_shards(settings.data, config.real_vocab_size)  # a padded id would have an infinite loss
+        if grad_accum:
+            check_lengths(settings.data, settings.seq_len, settings.micro_batch * world_size, settings.val_every > 0)
+    except BadInput as e:
+        problems.append(str(e))
+    if problems:
+        raise BadInput("\n".join(problems))
+    too_large = model_memory_problem(model_flags(settings), config, ds_config, world_size, device_type)
+    if too_large:
+        raise BadInput(too_large)
+    return settings, ds_config, config, grad_accum, auto_plan
+
+
+def validate(settings, world_size, device_type="cpu"):
+    """check_settings for settings whose defaults are resolved: (ds_config, model_config, grad_accum)."""
+    return check_settings(settings, world_size, device_type)[1:4]
+
+
+def read_ds_config(settings, device_type):
+    """(the DeepSpeed JSON, its problems for this run: one line each)."""
+    try:
+        ds_config = dsc.load(settings.ds_config)
+    except BadInput as e:
+        return None, [str(e)]
+    problems = dsc.problems(ds_config, settings.ds_config) or dsc.output_problems(ds_config, settings.ds_config)
+    if problems:
+        return ds_config, problems
+    if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
+        problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+                        f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
+    if settings.loss == "liger":
+        problems += [p for p in [liger_problem(device_type, dsc.precision(ds_config))] if p]
+    return ds_config, problems
+
+
+def plan_micro_batch(settings, config, ds_config, world_size, device_type):
+    """--micro_batch auto: (the settings with the planner's micro-batch, the plan); says the plan (rank 0)."""
+    try:
+        plan, text = auto_micro_batch(config, settings.seq_len, ds_config, world_size, settings.total_batch_tokens,
+                                      device_type, memory_kind(settings.loss))
+    except BadInput as e:
+        raise BadInput(f"--micro_batch auto: {e}") from None
+    say0(text)
+    return replace(settings, micro_batch=plan["micro_batch"]), plan
+
+
+def model_config(settings):
+    """The model's GPTConfig: the preset with the settings' overrides."""
+    return preset_config(settings.model, settings.n_layer, settings.n_embd, settings.n_head, settings.vocab_size)
+
+
+def resolve_defaults(settings, device_type):
+    """Fill the settings whose default depends on the run: torch.compile by device, the warmup by run
+    length. Returns (the settings filled, one log line per choice a user may not expect)."""
+    notes, compile, warmup_steps = [], settings.compile, settings.warmup_steps
+    if compile is None:
+        compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
+        if compile:
+            notes.append("torch.compile on (the default with CUDA; --no-compile turns it off)")
+    if warmup_steps is None:
+        warmup_steps = GPT3_WARMUP_STEPS
+        if 0 < settings.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
+            warmup_steps = settings.max_steps // 10
+            notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.max_steps} is below the default "
+                         f"warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
+    return replace(settings, compile=compile, warmup_steps=warmup_steps), notes
+
+
+def gradient_accumulation(settings, world_size):
+    tokens_per_micro_step = settings.micro_batch * settings.seq_len * world_size
+    if settings.total_batch_tokens % tokens_per_micro_step:
+        raise BadInput(
+            f"--total_batch_tokens {settings.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
+            f"= {settings.micro_batch} x {settings.seq_len} x {world_size} = {tokens_per_micro_step}")
+    return settings.total_batch_tokens // tokens_per_micro_step
+
+
+def number_problems(settings):
+    """Every numeric flag finite and in range (gpt/config/settings.py's ranges), and the model's shape positive: one line
+    each. (A NaN learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
+    problems = range_problems(settings, ranges(type(settings)))
+    if settings.val_every and 1 <= settings.val_tokens < settings.seq_len:
+        problems.append(f"--val_tokens {settings.val_tokens} is less than one sequence (--seq_len {settings.seq_len}); "
+                        f"turn validation off with --val_every 0")
+    if settings.micro_batch != "auto" and settings.micro_batch <= 0:
+        problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
+    if seed_problem("--seed", settings.seed):
+        problems.append(seed_problem("--seed", settings.seed))
+    if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
+        problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
+    for name in ("n_layer", "n_embd", "n_head"):
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            problems.append(f"--{name} must be positive (got {value})")
+    return problems
+
+
+def model_flags(settings):
+    """The flags that chose the model's shape, as given: '--model tiny --vocab_size 1000000000000'."""
+    given = [f"--{name} {getattr(settings, name)}" for name in ("n_layer", "n_embd", "n_head")
+             if getattr(settings, name) is not None]
+    if settings.vocab_size != PADDED_VOCAB_SIZE:
+        given.append(f"--vocab_size {settings.vocab_size}")
+    return " ".join([f"--model {settings.model}", *given])
+
+
+def run_config_of(settings, ds_config, model_config, world_size):
+    """What a checkpoint records about the run that wrote it; the train shards' fingerprints let the next
+    resume see, before launch, whether its data position still points into the same tokens."""
+    return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": dsc.precision(ds_config),
+            "zero_stage": dsc.zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
+            "data": fingerprints(find_shards(settings.data, "train"))}

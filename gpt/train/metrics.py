@@ -1,0 +1,260 @@
+"""What a run reports: a console line, TensorBoard scalars and metrics.jsonl, all from rank 0. TensorBoard also
+gets the samples and the run's whole settings (text), the settings people compare (hparams) and a custom-scalars
+layout that groups the scalars.
+
+Events go to OUT_DIR/tensorboard/NAME, NAME being out_dir's own name, so that TensorBoard names the run NAME
+(`--logdir OUT_DIR/tensorboard`), tensorboard/NAME (`--logdir OUT_DIR`) or .../NAME/tensorboard/NAME
+(`--logdir runs/`) instead of "."; a resumed run appends a new events file there."""
+import collections
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+from gpt.console import say
+
+TENSORBOARD_DIR = "tensorboard"
+# TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
+# section per prefix before the "/", sections in alphabetical order: the losses come first, and nothing else sorts
+# before "loss". The names come from gpt/train/trainer.py log_step and fit, gpt/train/engine.py step_stats and gpt/train/metrics.py
+# peak_memory; a metric not listed keeps its name.
+TAGS = {"loss": "loss/train", "val_loss": "loss/val",
+        "peak_alloc_gib": "memory/peak_alloc_gib", "peak_reserved_gib": "memory/peak_reserved_gib",
+        "peak_rss_gib": "memory/peak_rss_gib",
+        "lr": "optim/lr", "grad_norm": "optim/grad_norm", "skipped": "optim/skipped", "guard_skips": "optim/guard_skips",
+        "loss_scale": "optim/fp16_loss_scale", "skipped_steps": "optim/fp16_skipped_steps",
+        "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "dt": "perf/dt",
+        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc"}
+# The custom-scalars dashboard: category -> chart -> the metrics drawn together (a chart whose metrics a run does
+# not log stays empty).
+CHARTS = {
+    "loss": {"loss and val_loss": ["loss", "val_loss"], "hellaswag": ["hellaswag/acc_norm", "hellaswag/acc"]},
+    "optimizer": {"lr": ["lr"], "grad_norm (before clipping)": ["grad_norm"], "fp16 loss_scale": ["loss_scale"],
+                  "skipped updates": ["skipped", "skipped_steps", "guard_skips"]},
+    "memory": {"peak memory (GiB)": ["peak_alloc_gib", "peak_reserved_gib", "peak_rss_gib"]},
+    "throughput": {"tokens_per_s": ["tokens_per_s"], "mfu": ["mfu"], "dt (s)": ["dt"]},
+}
+# The hparams dashboard's metrics, each a scalar's last value in the run; the same list in every run: with several
+# runs in one logdir TensorBoard takes it from any one of them.
+HPARAM_METRICS = ("loss", "val_loss", "hellaswag/acc_norm")
+# The settings people compare, as hparams. TensorBoard's HParams shows the first five columns without a tick, in
+# the order (differs between the runs shown first, then by name): the five main ones sort first, the rest under
+# "setup/" after them. Every setting is in the run's text record ("settings") too.
+MAIN_HPARAMS = ("batch", "lr", "model", "precision", "seq_len")
+
+
+def flat_tag(name):
+    """The tag of a metric in runs logged before tags had sections (2026-11-26): its own name."""
+    return name
+
+
+def sectioned_tag(name):
+    return TAGS.get(name, name)
+
+
+def layout(tag):
+    """CHARTS as TensorBoard's custom-scalars layout, each metric under its tag (a regex anchored at both ends)."""
+    return {category: {title: ["Multiline", ["^" + re.escape(tag(name)) + "$" for name in names]]
+                       for title, names in charts.items()} for category, charts in CHARTS.items()}
+
+
+def tag_function_of(events):
+    """How the run in `events` (a directory) names its tags: flat_tag if an events file there has the flat
+    `loss` (a run begun before sections, now resumed: its charts go on under the same tags), else sectioned_tag."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    for path in sorted(Path(events).glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if any(value.tag == "loss" for value in event.summary.value):
+                return flat_tag
+    return sectioned_tag
+
+
+def run_name(out_dir):
+    """out_dir's own name ("run" for a root directory): the name TensorBoard shows for the run."""
+    return Path(out_dir).resolve().name or "run"
+
+
+def events_dir(out_dir):
+    return Path(out_dir) / TENSORBOARD_DIR / run_name(out_dir)
+
+
+def hparams_of(run_config, grad_accum, loss_label):
+    """A run's settings for TensorBoard's hparams, from what a checkpoint records (gpt/config/preflight.py run_config_of:
+    the flags, the model's shape, precision, ZeRO stage, ranks): MAIN_HPARAMS, then the rest that people compare
+    under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
+    writes them)."""
+    args, model = run_config["args"], run_config["model"]
+    values = {
+        "batch": f"{args['micro_batch']} x {grad_accum} x {run_config['world_size']} rank(s) = "
+                 f"{args['total_batch_tokens']:,} tokens",
+        "lr": args["lr"],
+        "model": f"{args['model']}: {model['n_layer']} layers x {model['n_embd']}, {model['n_head']} heads",
+        "precision": run_config["precision"],
+        "seq_len": args["seq_len"],
+        "setup/compile": args["compile"], "setup/ds_config": args["ds_config"], "setup/loss": loss_label,
+        "setup/seed": args["seed"], "setup/total_batch_tokens": args["total_batch_tokens"],
+        "setup/warmup_steps": args["warmup_steps"], "setup/zero_stage": run_config["zero_stage"],
+    }
+    return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
+
+
+class MetricsLogger:
+    """Rank 0 writes; other ranks hold a logger that does nothing, so call sites need no rank checks."""
+
+    def __init__(self, out_dir, enabled, hparams=None, settings=None):
+        """hparams: the run's settings (hparams_of), shown beside HPARAM_METRICS in TensorBoard's hparams;
+        settings: the whole record of them (a dict), as text at this launch's first step."""
+        self.enabled = enabled
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # imported here: only rank 0 needs it
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.tag = tag_function_of(events_dir(out_dir))  # before this launch's events file exists
+        self.writer = SummaryWriter(log_dir=str(events_dir(out_dir)))
+        self.writer.add_custom_scalars(layout(self.tag))
+        self.session_end = None
+        if hparams is not None:
+            # Into this run's own events (SummaryWriter.add_hparams would make a sub-run). TensorBoard keeps the
+            # first of each: a resumed run's repeat is ignored, and the session ends at the first finished run.
+            experiment, session_start, self.session_end = hparams_summaries(
+                hparams, dict.fromkeys(self.tag(name) for name in HPARAM_METRICS))
+            self.writer.file_writer.add_summary(experiment)
+            self.writer.file_writer.add_summary(session_start)
+        self.settings = settings  # written at this launch's first step (a resumed launch's may differ)
+        self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
+
+    def log(self, step, metrics, console=None):
+        """metrics: name -> number, each a key of one JSON line and a TensorBoard scalar (its tag: TAGS);
+        console: the line to print, if any."""
+        if not self.enabled:
+            return
+        if self.settings is not None:
+            self.text("settings", json.dumps(self.settings, indent=1, default=str), step)
+            self.settings = None
+        for name, value in metrics.items():
+            self.writer.add_scalar(self.tag(name), value, step)
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        if console:
+            say(console)
+
+    def text(self, tag, text, step):
+        """A TensorBoard text summary, verbatim: TensorBoard renders Markdown, so it goes in as a code block."""
+        if self.enabled:
+            self.writer.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+
+    def close(self, finished=False):
+        """finished: the run reached --max_steps (the hparams session ends, successfully)."""
+        if self.enabled:
+            if finished and self.session_end is not None:
+                self.writer.file_writer.add_summary(self.session_end)
+            self.writer.close()
+            self.jsonl.close()
+
+
+# How far a run is and when it ends: the console step line's `step N/M` and ETA. The ETA is the wall time per
+# step over the recent steps (evaluations and saves included, so it is when the run ends, not when its training
+# steps do) times the steps left; recent, so torch.compile's slow first steps and a changed machine load fade out.
+WINDOW = 20  # steps the pace is averaged over
+
+
+class Progress:
+    def __init__(self, max_steps, window=WINDOW, clock=time.monotonic):
+        self.max_steps, self.clock = max_steps, clock
+        self.ends = collections.deque(maxlen=window + 1)  # when each recent step ended
+
+    def step_ended(self, step, seconds):
+        """Record that `step` (0-based) ended now, after `seconds` of training; returns 'eta 1h02m' (none left:
+        'done'). Until a second step ends, the pace is this step's own time."""
+        self.ends.append(self.clock())
+        left = self.max_steps - step - 1
+        if left <= 0:
+            return "done"
+        pace = (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1) if len(self.ends) > 1 else seconds
+        return f"eta {duration(pace * left)}"
+
+
+def duration(seconds):
+    """'2d03h', '1h02m', '3m05s', '42s'."""
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+# A training step's peak memory, as the trainer reports it: reset at the step's start, read at its end; on
+# CUDA the caching allocator's peaks, on CPU the resident set's.
+GiB = 2**30
+
+
+def reset_peak_memory(device_type):
+    """Start a new peak: on CUDA the caching allocator's, on CPU the resident set's (Linux's VmHWM, reset
+    through /proc/self/clear_refs; elsewhere the lifetime peak stays)."""
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+
+
+def peak_memory(device_type):
+    """This process's peak memory (GiB) since reset_peak_memory: on CUDA what the caching allocator
+    allocated and reserved; on CPU the resident set."""
+    if device_type == "cuda":
+        return {"peak_alloc_gib": torch.cuda.max_memory_allocated() / GiB,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GiB}
+    try:
+        with open("/proc/self/status") as status:
+            peak_bytes = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
+    except (OSError, StopIteration):
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_bytes = peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
+    return {"peak_rss_gib": peak_bytes / GiB}
+
+
+# --profile STEPS: a torch profiler trace of a few training steps, for TensorBoard's profiler view.
+#
+# Each rank writes {out_dir}/profile/rank{N}.*.pt.trace.json (Chrome trace format): open it with
+# `tensorboard --logdir {out_dir}/profile` (needs the torch-tb-profiler plugin) or drag it into
+# https://ui.perfetto.dev.
+WAIT_STEPS = 1  # the first step pays one-off costs (allocator warm-up, compilation): not representative
+
+
+class NoProfiler:
+    def step(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+def step_profiler(steps, out_dir, device_type, rank):
+    """A started profiler that records `steps` steps after one skipped and one warm-up step; call
+    .step() after every training step and .stop() at the end. steps 0: a profiler that does nothing."""
+    if not steps:
+        return NoProfiler()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    profiler = profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=1, active=steps, repeat=1),
+                       on_trace_ready=tensorboard_trace_handler(str(Path(out_dir) / "profile"), worker_name=f"rank{rank}"),
+                       record_shapes=True, profile_memory=True, with_stack=False)
+    profiler.start()
+    return profiler
+
+
+def profiled_steps_needed(steps):
+    """Training steps a --profile STEPS run needs for a complete trace."""
+    return WAIT_STEPS + 1 + steps if steps else 0

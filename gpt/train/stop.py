@@ -1,0 +1,217 @@
+"""Stopping cleanly at any moment: a SIGTERM/SIGINT to a rank, or a launcher of this rank that is gone.
+
+Why watch the launchers: Kubernetes, Docker and `kill PID` signal only the top process. DeepSpeed 0.19's
+runner (`deepspeed ...`) forwards signals only for multi-node pdsh runs: a SIGTERM to it kills it alone,
+and `deepspeed.launcher.launch` and the ranks would train on, orphaned, holding the port. So each rank
+remembers its launcher processes (the `deepspeed` runner, `deepspeed.launcher.launch`, torchrun) and
+treats the death of any of them as a stop request. torchrun forwards SIGTERM to its ranks by itself.
+
+Two phases. Start-up (from train_ds.py's first line to the first step: imports, JIT builds, the rendezvous,
+reading shards; minutes on a GPU cluster): there is nothing to save, so a stop ends the rank at once with
+one line and exit status 1, and a watchdog thread watches the launchers and ends a main thread stuck in
+C code (a rendezvous with a rank that is gone). Training (fit): finish the current step, save, exit 0, on
+every rank. This module imports no torch: train_ds.py starts it before torch and DeepSpeed load."""
+import os
+import select
+import signal
+import sys
+import threading
+import time
+
+import psutil
+
+LAUNCHER_MARKS = ("deepspeed.launcher.launch", "torch.distributed.run", "torchrun")
+DEEPSPEED_LAUNCH = "deepspeed.launcher.launch"
+DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
+RUNNER_NAMES = ("deepspeed", "ds", "deepspeed.pt")  # the console scripts of DeepSpeed's runner
+POLL_S = 1.0  # how often the start-up watchdog looks at the launchers
+# A Python signal handler runs only when the main thread is back in Python: a rendezvous with a rank that is
+# gone, or DeepSpeed's shm allreduce spinning on a dead peer's flag, never returns. Exit hard after this long.
+HARD_EXIT_AFTER_S = 10.0
+
+
+def is_launcher(cmdline):
+    """Whether a process's command line is one of the launchers that start ranks."""
+    return any(mark in arg for arg in cmdline[:4] for mark in LAUNCHER_MARKS) or is_deepspeed_runner(cmdline)
+
+
+def is_deepspeed_runner(cmdline):
+    """`deepspeed ...` (or its other names, ds and deepspeed.pt), or `python -m deepspeed.launcher.runner`."""
+    return any(os.path.basename(arg) in RUNNER_NAMES for arg in cmdline[:2]) or any(
+        DEEPSPEED_RUNNER in arg for arg in cmdline[:4])
+
+
+def launcher_processes():
+    """This rank's launcher ancestors, nearest first: none for a plain `python train_ds.py`."""
+    found = []
+    try:
+        process = psutil.Process().parent()
+        while process is not None and is_launcher(process.cmdline()):
+            found.append(process)
+            process = process.parent()
+    except psutil.Error:
+        pass
+    return found
+
+
+def cut_off_launch(launchers):
+    """The `deepspeed.launcher.launch` among launchers whose own launcher was already gone when this rank
+    looked (None if there is none). No ancestor can say that it was there once, so: DeepSpeed 0.19's runner is
+    the only one that starts launch without --node_rank (pdsh and --no_ssh pass one), so such a launch's parent
+    must be the runner; and a launch whose parent is init (PID 1) and no runner (the runner may be a
+    container's PID 1) was adopted."""
+    for process in launchers:
+        try:
+            cmdline = process.cmdline()
+            if not any(DEEPSPEED_LAUNCH in arg for arg in cmdline[:4]):
+                continue
+            parent = psutil.Process(process.ppid())
+            if is_deepspeed_runner(parent.cmdline()):
+                continue
+            if parent.pid == 1 or not any(arg.startswith("--node_rank") for arg in cmdline):
+                return process
+        except psutil.Error:
+            return process  # it exited while we looked
+    return None
+
+
+def gone(process):
+    """Whether a remembered process has exited (a zombie its parent has not reaped yet counts)."""
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+class StoppedDuringStartUp(SystemExit):
+    """Raised in the main thread by a stop before the first step: the interpreter prints the message (local
+    rank 0's only: one line per machine) and exits with status 1; finally blocks on the way run (torch's JIT
+    build lock is released, its ninja killed)."""
+
+
+def importing(frame):
+    """Whether `frame`, or a frame it was called from, runs an import (importlib's bootstrap). A library may catch
+    everything around an import (bare except) and go on: a start-up stop raised there would be lost, and the module
+    it interrupted left half-made in another module's globals (numpy without np.intp, seen once in CI)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class StopRequest:
+    """Created first thing in a run. Until started(): a stop ends the rank now (StoppedDuringStartUp). After:
+    SIGTERM/SIGINT, or a launcher gone, finishes the current step, saves, exits 0; any rank's request stops
+    every rank. close() puts the signal handlers back (runs in a test process end this way)."""
+
+    def __init__(self):
+        self.requested = False
+        self.starting = True
+        self._leaving = False
+        self.launchers = launcher_processes()
+        cut = cut_off_launch(self.launchers)
+        if cut is not None:
+            self.requested = (f"the deepspeed runner exiting before this rank started ({DEEPSPEED_LAUNCH} pid "
+                              f"{cut.pid} was orphaned)")
+            raise self._start_up_stop()
+        self._main_thread = threading.main_thread().ident
+        # A signal ignored from the start stays ignored (a shell's background job ignores SIGINT, nohup SIGHUP).
+        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
+                          if signal.getsignal(sig) is not signal.SIG_IGN}
+        # Signals also wake the watchdog (a pipe as the wakeup fd): it must know of one whose handler cannot run.
+        self._wakeup_read, self._wakeup_write = os.pipe()
+        os.set_blocking(self._wakeup_write, False)
+        self._previous_wakeup = signal.set_wakeup_fd(self._wakeup_write, warn_on_full_buffer=False)
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="stop-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def message(self):
+        return (f"error: stopped by {self.requested} during start-up, before the first step: nothing to save. "
+                f"Relaunch to train")
+
+    def _start_up_stop(self):
+        speaks = os.environ.get("LOCAL_RANK", "0") == "0"
+        return StoppedDuringStartUp(self.message() if speaks else 1)
+
+    def _handle(self, signum, frame):
+        self.requested = self.requested or signal.Signals(signum).name
+        if self.starting and not self._leaving:  # once: a second signal must not interrupt the way out
+            if importing(frame):  # an exception there can be swallowed and leave a half-imported module behind
+                self._exit_now()
+            self._leaving = True
+            raise self._start_up_stop()
+
+    def _watch(self):
+        """Start-up only: a launcher gone stops the main thread as a signal would; a stop the main thread has
+        not acted on within HARD_EXIT_AFTER_S ends the process."""
+        stop_seen = None
+        while not self._closed.is_set():
+            ready, _, _ = select.select([self._wakeup_read], [], [], POLL_S)
+            if self._closed.is_set():
+                return
+            if ready:
+                signals = [number for number in os.read(self._wakeup_read, 512) if number]  # 0: close() waking us
+                if signals:
+                    self.requested = self.requested or signal.Signals(signals[0]).name  # if its handler cannot run
+                    stop_seen = stop_seen or time.monotonic()
+            if not self.starting:
+                return
+            if not self.requested:
+                self.check_launchers()
+                if self.requested:
+                    stop_seen = time.monotonic()
+                    signal.pthread_kill(self._main_thread, signal.SIGTERM)  # the handler sees self.requested
+            if stop_seen and time.monotonic() - stop_seen > HARD_EXIT_AFTER_S:
+                self._exit_now(f"the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s")
+
+    def _exit_now(self, why=None):
+        """The main thread is stuck where no Python runs (why), or inside an import: say so, release what a run
+        holds, exit."""
+        if os.environ.get("LOCAL_RANK", "0") == "0" and not self._leaving:  # else the interpreter said it
+            os.write(2, (self.message() + (f" ({why})" if why else "") + "\n").encode())
+        dist = sys.modules.get("gpt.train.dist")  # never import here: the main thread may hold the import lock
+        if dist is not None:
+            dist.release_cpu_comm_buffer()
+        os._exit(1)
+
+    def started(self):
+        """The first step begins: from now on a stop finishes the step and saves."""
+        self.starting = False
+        self._end_watchdog()
+        signal.set_wakeup_fd(self._previous_wakeup)
+
+    def _end_watchdog(self):
+        self._closed.set()
+        try:
+            os.write(self._wakeup_write, b"\0")  # out of its select now
+        except BlockingIOError:
+            pass
+        self._watchdog.join()
+
+    def close(self):
+        self._end_watchdog()
+        signal.set_wakeup_fd(self._previous_wakeup)
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        for fd in (self._wakeup_read, self._wakeup_write):
+            os.close(fd)
+
+    def check_launchers(self):
+        if not self.requested:
+            dead = next((p for p in self.launchers if gone(p)), None)
+            if dead is not None:
+                self.requested = f"its launcher exiting (pid {dead.pid})"
+
+    def agreed(self, device):
+        """Whether any rank was asked to stop (a collective: every rank calls it once per step)."""
+        import torch  # here, not above: see the module's docstring
+
+        from gpt.train import dist
+        self.check_launchers()
+        flag = torch.tensor(float(bool(self.requested)), device=device)
+        stopping = dist.mean_over_ranks(flag).item() > 0
+        if stopping:  # a shared launcher may have gone just after this rank looked: say so, not 'another rank'
+            self.check_launchers()
+        return stopping
