@@ -1,7 +1,7 @@
 """Training speed and memory on this machine, CPU or GPU (DeepSpeed's accelerator). Every figure is a
 ratio against a baseline measured in the same run, steps interleaved (machines are noisy):
 
-  overhead  the trainer's step (gpt.train.trainer.optimizer_step, DeepSpeed engine) / a plain PyTorch
+  overhead  the trainer's step (gpt.train.trainer.Trainer.step, DeepSpeed engine) / a plain PyTorch
             AdamW step: same model, initial weights, data and dtype, 1 process; on a GPU also both
             under torch.compile
   mfu       model FLOP/s (6N + attention, per token) / the peak: on CPU this CPU's matmul peak, measured
@@ -52,10 +52,7 @@ import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
-import gpt.train.trainer
 from gpt.commands.train import parse
-
-REPO = Path(__file__).resolve().parents[1]
 from gpt.data.shards import ShuffledTokenLoader, find_shards, shard_name, write_shard
 from gpt.train.dist import device_type, free_port, return_freed_memory, timed_on_device
 from gpt.train.engine import OptimizerSettings, param_groups
@@ -65,6 +62,10 @@ from gpt.model.loss import LOSS_CHOICES, fused_loss, liger_problem
 from gpt.memory.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes
 from gpt.train.metrics import peak_memory
 from gpt.memory.probe import is_out_of_memory
+from gpt.train import start
+from gpt.train.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
 
 DEVICE = device_type()  # "cuda" or "cpu": the accelerator DeepSpeed picks, as in the trainer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -186,26 +187,25 @@ def quiet():
     logger.setLevel(level)
 
 
-class Trainer:
-    """The real trainer (gpt.train.trainer's setup and build), one optimizer_step at a time."""
+class TrainerSteps:
+    """The real trainer (gpt.train.trainer.Trainer, prepared as train_ds.py prepares it), stepped through its public
+    methods one optimizer step per step(), as PlainPyTorch is; its console lines silenced."""
 
     def __init__(self, settings):
         with quiet():
-            self.run = gpt.train.trainer.build(gpt.train.trainer.prepare(settings))
-        self.settings, self.step_index = self.run.settings, 0
-        self.config = self.run.model.config
+            self.trainer = Trainer(start.prepare(settings))
+        self.settings, self.model, self.engine = self.trainer.settings, self.trainer.model, self.trainer.engine
+        self.config, self.steps = self.model.config, 0
 
     def step(self):
         with quiet():
-            loss = gpt.train.trainer.optimizer_step(self.run, self.step_index)
-        self.step_index += 1
+            loss = self.trainer.step(self.steps)
+        self.steps += 1
         return loss
 
     def close(self):
-        self.run.train_loader.close()
-        self.run.logger.close()
-        self.run.engine.destroy()
-        del self.run
+        self.trainer.close()
+        del self.trainer, self.model, self.engine
         gc.collect()
         return_freed_memory()
 
@@ -275,10 +275,10 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
                 name = f"{model}_{dtype}{'_compiled' if compiled else ''}"
                 settings = trainer_settings(data, Path(tmp) / name, ds_config_file(tmp, dtype), model, seq_len,
                                             micro_batch, accum, compile=compiled)
-                trainer = Trainer(settings)
+                trainer = TrainerSteps(settings)
                 plain = PlainPyTorch(settings, trainer.config, dtype, compile=compiled)
                 ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
-                flops = trainer.run.model.flops_per_token(seq_len) * settings.total_batch_tokens
+                flops = trainer.model.flops_per_token(seq_len) * settings.total_batch_tokens
                 mfu = (lambda seconds: flops / seconds / peaks[dtype]) if peaks[dtype] else (lambda seconds: None)
                 rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=settings.total_batch_tokens,
                                  plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,
@@ -294,7 +294,7 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
 def measure_checkpointing(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
-        trainers = [Trainer(trainer_settings(data, Path(tmp) / f"ckpt_{dtype}_{on}", ds_config_file(tmp, dtype, checkpointing=on),
+        trainers = [TrainerSteps(trainer_settings(data, Path(tmp) / f"ckpt_{dtype}_{on}", ds_config_file(tmp, dtype, checkpointing=on),
                                          model, seq_len, micro_batch, 1)) for on in (False, True)]
         off_s, on_s = interleaved_seconds(trainers, repeats)
         config = trainers[0].config
@@ -311,7 +311,7 @@ def measure_checkpointing(data, tmp, model, seq_len, micro_batch, dtypes, repeat
 def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
-        eager, compiled = (Trainer(trainer_settings(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
+        eager, compiled = (TrainerSteps(trainer_settings(data, Path(tmp) / f"compile_{dtype}_{on}", ds_config_file(tmp, dtype),
                                                 model, seq_len, micro_batch, 1, compile=on))
                            for on in (False, True))
         first = timed_step(compiled)  # compiles
@@ -417,7 +417,7 @@ def loss_verdict(rows, micro_batch, dtype):
 def auto_micro_batch(settings):
     """The micro-batch --micro_batch auto picks for these settings (the plan, probed on a GPU)."""
     with quiet():
-        chosen = gpt.train.trainer.prepare(settings).settings.micro_batch
+        chosen = start.prepare(settings).settings.micro_batch
     gc.collect()
     get_accelerator().empty_cache()
     return chosen
@@ -437,7 +437,7 @@ def trainer_throughput(settings, repeats):
     if settings.compile:
         forget_compiled_code()
     try:
-        trainer = Trainer(settings)
+        trainer = TrainerSteps(settings)
         seconds, = interleaved_seconds([trainer], repeats)
         result = dict(tokens_per_s=settings.total_batch_tokens / seconds, **peak_memory(DEVICE))
     except Exception as error:  # noqa: BLE001 -- out-of-memory is an answer here; anything else is re-raised
@@ -462,11 +462,11 @@ def measure_speed(data, tmp, dtype, peaks, model, seq_len, micro_batch, grad_acc
         for loss in ("fused", "classic"):
             settings = trainer_settings(data, Path(tmp) / f"speed_{loss}_{'compiled' if compiled else 'eager'}", config,
                                         model, seq_len, micro_batch, grad_accum, compile=compiled, loss=loss)
-            trainer = Trainer(settings)
+            trainer = TrainerSteps(settings)
             if plain is None:
                 plain = PlainPyTorch(settings, trainer.config, dtype, compile=any(compiles))
             trainer_s, plain_s = interleaved_seconds([trainer, plain], repeats)
-            flops = trainer.run.model.flops_per_token(seq_len) * settings.total_batch_tokens
+            flops = trainer.model.flops_per_token(seq_len) * settings.total_batch_tokens
             trainer.close()
             rows.append(dict(model=model, dtype=dtype, compiled=compiled, loss=loss, micro_batch=micro_batch,
                              grad_accum=grad_accum, tokens_per_step=settings.total_batch_tokens,
@@ -532,14 +532,14 @@ def zero_worker(args):
     rows = []
     for dtype in sorted(args.dtypes):
         for stage in (0, 1, 2):
-            trainer = Trainer(trainer_settings(args.data, Path(args.tmp) / f"zero{stage}_{dtype}",
+            trainer = TrainerSteps(trainer_settings(args.data, Path(args.tmp) / f"zero{stage}_{dtype}",
                                            ds_config_file(args.tmp, dtype, stage), args.model, args.seq_len,
                                            args.micro_batch, 1, world_size=2))
             (seconds,) = interleaved_seconds([trainer], args.repeats)
-            engine = trainer.run.engine
+            engine = trainer.engine
             owned = [None, None]
             dist.all_gather_object(owned, engine_state_bytes(engine))
-            planned = resident_model_state_bytes(trainer.run.model.num_params(), dtype, stage, 2,
+            planned = resident_model_state_bytes(trainer.model.num_params(), dtype, stage, 2,
                                                  json.loads(Path(trainer.settings.ds_config).read_text()))
             rows.append(dict(model=args.model, dtype=dtype, stage=stage, optimizer=type(engine.optimizer).__name__,
                              step_s=seconds, tokens_per_step=trainer.settings.total_batch_tokens,
@@ -571,7 +571,7 @@ def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2
 
 def allocator_worker(args):
     data = synthetic_shards(Path(tempfile.mkdtemp(dir=args.tmp)))
-    trainer = Trainer(trainer_settings(data, Path(data) / "run", ds_config_file(data, args.dtypes[0]), args.model, args.seq_len,
+    trainer = TrainerSteps(trainer_settings(data, Path(data) / "run", ds_config_file(data, args.dtypes[0]), args.model, args.seq_len,
                                    args.micro_batch, 1))
     (seconds,) = interleaved_seconds([trainer], args.repeats)
     Path(args.allocator_worker).write_text(json.dumps({"seconds": seconds}))

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from gpt.model import loss as losses
-from gpt.train import trainer
+from gpt.train import start
+from gpt.train.trainer import Trainer
 from gpt.commands.train import parse
 from gpt.model.model import GPT
 
@@ -32,17 +33,17 @@ def main(argv=None):
             return loss_fn(hidden, weight, targets, vocab)
         return limited, label
 
-    losses.fused_loss = limited_fused_loss  # what gpt.model.loss.model_with_loss calls
+    losses.fused_loss = limited_fused_loss  # what gpt.model.wrap.wrap calls
     try:
-        prepared = trainer.setup(settings)
+        prepared = start.setup(settings)
         planned = prepared.settings.micro_batch
-        run = trainer.build(trainer.probe(prepared))
+        run = Trainer(start.probe(prepared))
     finally:
         losses.fused_loss = real_fused_loss  # for the runs after this one in the same process
     torch.manual_seed(settings.seed)
     unprobed_weights = GPT(prepared.model_config).state_dict()
     same_init = all(torch.equal(unprobed_weights[k], v) for k, v in run.model.state_dict().items())
-    loss = trainer.optimizer_step(run, 0)
+    loss = run.step(0)
     rank = run.engine.global_rank
     (Path(settings.out_dir) / f"probe_rank{rank}.json").write_text(json.dumps({"rank": rank, "planned": planned, "micro_batch": run.settings.micro_batch,
                       "grad_accum": run.grad_accum, "engine_micro_batch": run.engine.train_micro_batch_size_per_gpu(),

@@ -682,15 +682,15 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
     engine are built (what the check cannot see: other processes' memory, a cgroup's limit) ends the run with one
     line naming the model, what it needs and what to do, exit 1."""
     from gpt.config import ds_config as dsc
-    from gpt.train import trainer
+    from gpt.train import start, trainer
     settings = parse(["--model", "tiny", "--vocab_size", "1000000", "--ds_config", "ds_configs/zero2_fp32.json"])
-    prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.ds_config), lock=None,
+    prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.ds_config), lock=None, grad_accum=1,
                                model_config=model_config(settings))
-    monkeypatch.setattr(trainer, "prepare", lambda settings: prepared)
+    monkeypatch.setattr(start, "prepare", lambda settings: prepared)
 
-    def build(prepared):
+    def new_engine(*args, **kwargs):
         raise error
-    monkeypatch.setattr(trainer, "build", build)
+    monkeypatch.setattr(start, "new_engine", new_engine)
     with pytest.raises(SystemExit) as exit_info:
         trainer.train(settings)
     assert exit_info.value.code == 1

@@ -15,7 +15,7 @@ from gpt.train.universal import read_weights
 from gpt.commands.export import main as export_main
 from gpt.console import BadInput
 from gpt.train.hf import TOKENIZER_FILES, export, load_hf_weights
-from gpt.model.loss import model_with_loss
+from gpt.model.wrap import wrap
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -63,7 +63,8 @@ def test_the_first_loss_after_init_from_equals_transformers(tmp_path, loss):
     hf_config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=256, vocab_size=GPT2_VOCAB_SIZE)
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     hf.save_pretrained(tmp_path / "hf")
-    model, _ = model_with_loss(PRESETS["tiny"], loss, "cpu", "fp32")
+    model = GPT(PRESETS["tiny"])
+    wrap(model, loss, "cpu", "fp32")
     model.load_state_dict(load_hf_weights(tmp_path / "hf", PRESETS["tiny"]))
     x = torch.randint(0, GPT2_VOCAB_SIZE, (4, 65), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -10,6 +10,7 @@ from conftest import TINY, train, train_losses
 from gpt.model import loss as losses
 from gpt.model.loss import chunked_cross_entropy
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, mask_padding
+from gpt.model.wrap import wrap
 
 
 def classic(hidden, weight, targets, real_vocab_size=None):
@@ -210,7 +211,7 @@ def saved_for_backward(loss_fn, hidden, weight, targets):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_under_compile_the_chunked_loss_keeps_no_logits_for_backward(dtype):
-    """--compile's chunked loss (gpt.model.loss.compile_model) keeps what the eager one keeps, the inputs and a
+    """--compile's chunked loss (gpt.model.wrap.wrap) keeps what the eager one keeps, the inputs and a
     log-sum-exp per row, and equals it. Traced whole by torch.compile, the partitioner kept every chunk's fp32
     logits instead: the full logits, which the chunks exist to avoid (H100 d12 at micro-batch 128: 64.6 GiB
     against 43.2 GiB eager)."""
@@ -230,18 +231,19 @@ def test_under_compile_the_chunked_loss_keeps_no_logits_for_backward(dtype):
     if dtype == torch.bfloat16:
         return  # bf16's gradient is made in forward: traced whole, there is nothing to recompute
     *_, traced_kept = saved_for_backward(torch.compile(eager), hidden, weight, targets)
-    assert traced_kept >= logits_bytes  # what compile_model avoids
+    assert traced_kept >= logits_bytes  # what wrap's compile avoids
 
 
-def test_compile_model_compiles_the_head_around_the_classic_loss_only(monkeypatch):
+def test_wrap_compiles_the_head_around_the_classic_loss_only(monkeypatch):
     """Which region torch.compile covers for each kind of loss, and the chunked loss swapped for its compiled
     twin; nothing is traced here (torch.compile is lazy)."""
-    for loss_fn, head_compiled, installed in [(None, True, None),
-                                              (chunked_cross_entropy, False, losses.compiled_chunked_cross_entropy),
-                                              (UntraceableLoss.apply, False, UntraceableLoss.apply)]:
+    monkeypatch.setattr(losses, "fused_loss", lambda device_type, precision, kernel: (
+        {"chunked": chunked_cross_entropy, "untraceable": UntraceableLoss.apply}[kernel], kernel))
+    for loss, head_compiled, installed in [("classic", True, None),
+                                           ("chunked", False, losses.compiled_chunked_cross_entropy),
+                                           ("untraceable", False, UntraceableLoss.apply)]:
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=8, vocab_size=32))
-        model.loss_fn = loss_fn
-        losses.compile_model(model)
+        wrap(model, loss, "cpu", "fp32", compile=True)
         assert model.loss_fn == installed
         assert ("head" in vars(model)) == head_compiled  # compiled: an instance attribute over the method
         assert all(block._compiled_call_impl is not None for block in model.transformer.h)

@@ -108,7 +108,7 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     second finds the first one's files (or the first one still holding it), and is refused."""
     from types import SimpleNamespace
 
-    from gpt.train.trainer import lock_out_dir
+    from gpt.train.start import lock_out_dir
     settings = SimpleNamespace(out_dir=str(tmp_path / "out"), resume=None)
     first, refusal = lock_out_dir(settings, None)
     assert refusal is None

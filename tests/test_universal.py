@@ -71,7 +71,7 @@ def gathered(rank_states, name, key):
 
 
 def one_rank_engine(step_dir, tmp_path, stage, precision, **ds_config):
-    """A 1-rank engine for the checkpoint's model, built as trainer.build builds one, with load_universal set."""
+    """A 1-rank engine for the checkpoint's model, built as the trainer builds one (gpt.train.engine.initialize), with load_universal set."""
     join_single_rank_group()
     run = checkpoint.read_run_config(step_dir)
     args = run["args"]

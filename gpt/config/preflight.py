@@ -34,8 +34,14 @@ class Setup:
     hellaswag_examples: list
     resume_kind: str | None = None  # how resume_from loads: checkpoint.resume_kind
     auto_plan: dict | None = None  # --micro_batch auto's plan, which the trainer's probe checks on a GPU
-    device: object = None  # the torch.device, once the process group exists (gpt.train.trainer.setup)
+    device: object = None  # the torch.device, once the process group exists (gpt.train.start.setup)
     lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/train/run_lock.py)
+    peak_flops: tuple = (None, None)  # (FLOP/s per device, label) that MFU is measured against, once the device is known
+
+    @property
+    def precision(self):
+        """'fp32', 'fp16' or 'bf16': what the DeepSpeed JSON selects."""
+        return dsc.precision(self.ds_config)
 
 
 def preflight(settings, world_size, device_type):

@@ -6,7 +6,7 @@ config and loss given, next to what the planner (gpt/memory/plan.py) says for th
 
 Each size is tried as --micro_batch auto's probe tries it (gpt/memory/probe.py): a fresh engine built as the trainer
 builds its own, two forward/backward/optimizer steps on random tokens, compiled as the trainer compiles on CUDA
-(gpt.model.loss.compile_model; its graphs dropped before each size, so each compiles for its own static shapes) or,
+(gpt.model.wrap.wrap; its graphs dropped before each size, so each compiles for its own static shapes) or,
 with --no-compile, eager. A compile per size costs tens of seconds, so compiled, only the sizes that divide
 --total_batch_tokens (the ones a run can use) are tried: the answer is the largest of them that fits, and the
 raw maximum lies below the next one tried (`first_out_of_memory`); eager, every size is tried and the raw
@@ -28,7 +28,7 @@ import torch
 
 from gpt.config import ds_config as dsc
 from gpt.console import exit_with
-from gpt.model.loss import compile_model, model_with_loss
+from gpt.model.model import GPT
 from gpt.memory.probe import dividing_sizes, search_largest, try_step, verdict
 
 GiB = 2**30
@@ -208,11 +208,9 @@ def run(args, config, plan_for):
         ds_config = dsc.load_checked(path)
         for loss in args.loss:
             def new_engine(micro_batch):
-                model, _ = model_with_loss(config, loss, "cuda", dsc.precision(ds_config))
                 if args.compile:
                     torch._dynamo.reset()  # the last size's graphs: this one compiles for its own static shapes
-                    compile_model(model)
-                return ds_engine.initialize(model, ds_config, micro_batch, 1, optimizer)
+                return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
             plan = plan_for(ds_config, loss, allocator, args.gpu_mem * GiB if args.gpu_mem else total)
             print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",
                   file=sys.stderr, flush=True)

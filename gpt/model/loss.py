@@ -9,7 +9,7 @@ sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
   log-softmax). In bf16 each chunk's gradient is made in the forward pass as liger does; in fp16 and fp32 each
   chunk's logits are recomputed in backward, since fp16's loss scale must act before the gradient is rounded,
   where small gradients underflow (the reason liger is not used for fp16). Under --compile each chunk's math is
-  compiled (compile_model). It is written by hand because no well-kept CPU library does it.
+  compiled (gpt.model.wrap.wrap). It is written by hand because no well-kept CPU library does it.
 Both take the model's real vocabulary size (GPTConfig.real_vocab_size): the columns beyond it (GPT-2's padding)
 get no probability and no gradient, as in the classic loss."""
 import collections
@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from gpt.model.model import GPT, compile_regions, mask_padding
+from gpt.model.model import mask_padding
 
 CHUNK_ROWS = 8192  # rows (tokens) of logits alive at a time: 8192 x 50304 fp32 = 1.6 GB at the peak
 LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in chunks, or whole
@@ -152,15 +152,6 @@ def compiled_chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chu
     return _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, compiled_chunk_kernels())
 
 
-def compile_model(model):
-    """--compile, applied in place before DeepSpeed wraps the model: the blocks by region (gpt.model.model.compile_regions);
-    the head with them only around the classic loss; the chunked loss with its per-chunk math compiled inside
-    its eager autograd.Function; any other library's kernel (liger) eager, never traced by dynamo."""
-    if model.loss_fn is chunked_cross_entropy:
-        model.loss_fn = compiled_chunked_cross_entropy
-    compile_regions(model, compile_head=model.loss_fn is None)
-
-
 def liger_problem(device_type, precision):
     """Why liger-kernel's loss cannot run here, or None."""
     if device_type != "cuda" or precision != "bf16":
@@ -191,12 +182,3 @@ def fused_loss(device_type, precision, kernel="fused"):
     if kernel == "liger":
         return liger_cross_entropy, "liger-kernel fused linear cross-entropy"
     return chunked_cross_entropy, "chunked PyTorch"
-
-
-def model_with_loss(model_config, loss, device_type, precision):
-    """(a GPT with this --loss, the loss's name for the log); initial weights random."""
-    model = GPT(model_config)
-    if loss == "classic":
-        return model, "full fp32 logits"
-    model.loss_fn, loss_label = fused_loss(device_type, precision, loss)
-    return model, loss_label

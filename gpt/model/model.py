@@ -209,7 +209,7 @@ class GPT(nn.Module):
 def compile_regions(model, compile_head):
     """torch.compile applied as torchtitan applies it: each transformer block on its own, in place (parameter
     names and checkpoints unchanged; the identical blocks share one compiled graph), and the head (ln_f and the
-    loss or logits) only when compile_head (the classic loss: gpt.model.loss.compile_model decides). Any other loss
+    loss or logits) only when compile_head (the classic loss: gpt.model.wrap.wrap decides). Any other loss
     kernel runs eagerly between compiled regions, never traced by dynamo: liger-kernel's fused linear
     cross-entropy crashed dynamo at step 0 on torch < 2.13 (H100, 2026-11-24), and its issue #1338 reports a
     wrong loss under it."""

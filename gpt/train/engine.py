@@ -1,5 +1,5 @@
 """deepspeed.initialize around the model (schedule, parameter groups, activation checkpointing, a quiet
-start-up), the engine's per-step statistics, and the optimizer state a checkpoint cannot hold."""
+start-up), and the optimizer state a checkpoint cannot hold."""
 import contextlib
 import math
 from collections import deque
@@ -9,6 +9,7 @@ import torch
 
 from gpt.train import dist  # first: it imports deepspeed with DeepSpeed's logs sent to stderr
 from gpt.config import ds_config as dsc
+from gpt.model.wrap import wrap
 
 import deepspeed  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
@@ -16,15 +17,19 @@ from deepspeed.ops.adam import FusedAdam  # noqa: E402
 from deepspeed.runtime import bf16_optimizer  # noqa: E402
 
 
-def initialize(model, ds_config, micro_batch, grad_accum, optimizer):
+def initialize(model, ds_config, micro_batch, grad_accum, optimizer, loss=None, compile=False):
     """The DeepSpeed engine around model, in the process group that exists (gpt.train.dist), with AdamW and the
-    schedule from `optimizer` (gpt.train.engine.OptimizerSettings). With an `activation_checkpointing` block in
-    the JSON, every transformer block is recomputed in backward through DeepSpeed's checkpoint API."""
+    schedule from `optimizer` (OptimizerSettings below). The model is first wrapped as a run trains it
+    (gpt.model.wrap.wrap: the --loss, None for the model's own; then activation checkpointing; then --compile): with an
+    `activation_checkpointing` block in the JSON, every transformer block is recomputed in backward through
+    DeepSpeed's checkpoint API."""
     config = dsc.fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * dist.world_size(), optimizer.lr,
                       optimizer.weight_decay)
+    checkpoint_fn = None
     if dsc.uses_activation_checkpointing(config):
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
-        model.checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
+        checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
+    wrap(model, loss, dist.device_type(), dsc.precision(config), checkpoint_fn=checkpoint_fn, compile=compile)
     with no_memory_dumps():
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, optimizer.weight_decay), config=config,
@@ -44,18 +49,6 @@ def no_memory_dumps():
         yield
     finally:
         bf16_optimizer.see_memory_usage = original
-
-
-def step_stats(engine):
-    """grad_norm (before clipping); with fp16 also the loss scale and the count of skipped steps."""
-    stats = {}
-    grad_norm = engine.get_global_grad_norm()
-    if grad_norm is not None:
-        stats["grad_norm"] = float(grad_norm)
-    if engine.fp16_enabled():
-        stats["loss_scale"] = float(engine.optimizer.cur_scale)
-        stats["skipped_steps"] = int(engine.skipped_steps)
-    return stats
 
 
 def replay_adam_step_count(engine):

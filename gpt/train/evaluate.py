@@ -2,6 +2,10 @@
 import torch
 import torch.distributed as dist
 
+from gpt.data.tokenizer import gpt2_tokenizer
+
+SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
+
 
 @torch.no_grad()
 def validation_loss(model, val_set, device, progress=False):
@@ -44,3 +48,12 @@ def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=
         idx = torch.cat([idx, top_ids[choice].view(1, 1)], dim=1)
     model.train(was_training)
     return idx[0].tolist()
+
+
+def sample_text(model, max_new_tokens, seed, device):
+    """The trainer's sample: max_new_tokens after SAMPLE_PROMPT, drawn from a generator of its own seeded with
+    `seed` (the training RNG untouched), decoded."""
+    tokenizer = gpt2_tokenizer()
+    tokens = sample(model, tokenizer.encode_ordinary(SAMPLE_PROMPT), max_new_tokens,
+                    torch.Generator().manual_seed(seed), device)
+    return tokenizer.decode(tokens)

@@ -20,8 +20,8 @@ from gpt.console import say
 TENSORBOARD_DIR = "tensorboard"
 # TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
 # section per prefix before the "/", sections in alphabetical order: the losses come first, and nothing else sorts
-# before "loss". The names come from gpt/train/trainer.py log_step and fit, gpt/train/engine.py step_stats and gpt/train/metrics.py
-# peak_memory; a metric not listed keeps its name.
+# before "loss". The names come from step_metrics below and the trainer's evaluate (gpt/train/trainer.py); a
+# metric not listed keeps its name.
 TAGS = {"loss": "loss/train", "val_loss": "loss/val",
         "peak_alloc_gib": "memory/peak_alloc_gib", "peak_reserved_gib": "memory/peak_reserved_gib",
         "peak_rss_gib": "memory/peak_rss_gib",
@@ -45,6 +45,22 @@ HPARAM_METRICS = ("loss", "val_loss", "hellaswag/acc_norm")
 # the order (differs between the runs shown first, then by name): the five main ones sort first, the rest under
 # "setup/" after them. Every setting is in the run's text record ("settings") too.
 MAIN_HPARAMS = ("batch", "lr", "model", "precision", "seq_len")
+
+
+def step_metrics(engine, *, loss, lr, seconds, skipped, guard_skips, tokens, flops, peak_flops, world_size):
+    """A training step's metrics, in the console line's order: the loss, lr, time and throughput, grad_norm (before
+    clipping; with fp16 also the loss scale and the count of skipped steps), the updates skipped, the step's peak
+    memory, and MFU against peak_flops per device (None: not known). A new metric goes here, with its tag in TAGS."""
+    metrics = dict(loss=loss, lr=lr, dt=seconds, tokens_per_s=tokens / seconds)
+    grad_norm = engine.get_global_grad_norm()
+    if grad_norm is not None:
+        metrics["grad_norm"] = float(grad_norm)
+    if engine.fp16_enabled():
+        metrics.update(loss_scale=float(engine.optimizer.cur_scale), skipped_steps=int(engine.skipped_steps))
+    metrics.update(skipped=int(skipped), guard_skips=guard_skips, **peak_memory(engine.device.type))
+    if peak_flops:
+        metrics["mfu"] = flops / seconds / (peak_flops * world_size)
+    return metrics
 
 
 def flat_tag(name):

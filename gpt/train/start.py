@@ -1,0 +1,183 @@
+"""A run's start, before its first step: prepare(settings) -> Setup. Every check before launch
+(gpt/config/preflight.py), out_dir's run lock, the process group, then on a GPU --micro_batch auto's probe by
+real steps; and new_engine, which builds every engine a run steps (the probe's throwaway ones too), so that the
+probe measures the step the run takes."""
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from gpt.config import ds_config as dsc, hardware
+from gpt.config.preflight import gradient_accumulation, model_flags, preflight, run_config_of
+from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
+from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
+from gpt.memory.probe import dividing_sizes, probe_micro_batch
+from gpt.model.model import GPT, param_count
+from gpt.model.wrap import loss_label
+from gpt.train import checkpoint, dist, run_lock, universal
+from gpt.train.engine import OptimizerSettings, initialize
+from gpt.train.hf import load_hf_weights
+
+
+def prepare(settings):
+    """setup(), and on a GPU probe() for --micro_batch auto (on CPU the plan alone decides)."""
+    prepared = setup(settings)
+    return probe(prepared) if prepared.auto_plan and prepared.device.type != "cpu" else prepared
+
+
+def setup(settings):
+    """Every check before launch (gpt/config/preflight.py), then rank 0 takes out_dir's lock (and converts a
+    checkpoint to resume on another layout), and every rank joins the process group."""
+    world_size = launched_world_size()
+    device_type = dist.device_type()
+    if device_type == "cuda":
+        say0(use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
+    try:
+        prepared = preflight(settings, world_size, device_type)
+    except BadInput as e:
+        exit_with(e, 2)
+    settings, resume_from, kind = prepared.settings, prepared.resume_from, prepared.resume_kind
+    lock, refusal = lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
+    if kind == "universal" and refusal is None and launched_rank() == 0:
+        refusal = convert_to_universal(resume_from)  # the other ranks wait for it in the rendezvous below
+    if refusal and launched_world_size() == 1:
+        exit_with(refusal, 2)
+    if device_type == "cuda":
+        arch_note = hardware.fix_cuda_arch_list()  # every rank, before DeepSpeed JIT-builds FusedAdam
+        if arch_note:
+            say0(arch_note)
+    elif prepared.precision == "bf16" and launched_rank() == 0:
+        warning = hardware.cpu_bf16_warning()
+        if warning:
+            say(warning, sys.stderr)
+    if settings.deterministic:
+        hardware.make_deterministic(device_type)
+    device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and prepared.precision == "fp16",
+                                    timeout_s=settings.collective_timeout)
+    if launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
+        if dist.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
+            # Hard: the rank that hosted the group's store may be gone already, and tearing the group down then
+            # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
+            dist.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
+            exit_with(refusal or "refused by rank 0", 2, hard=True)
+    torch.manual_seed(settings.seed)  # the same initial weights on every rank
+    return replace(prepared, device=device, lock=lock, peak_flops=hardware.peak_flops(device.type, prepared.precision))
+
+
+def lock_out_dir(settings, resume_from):
+    """Rank 0 takes out_dir's run lock (gpt/train/run_lock.py), then checks again, under it, that out_dir holds
+    nothing this run would overwrite: a run that checked before another took the lock may find it written to
+    now. Returns (the lock or None, why this run is refused or None); other ranks take nothing."""
+    if launched_rank() != 0:
+        return None, None
+    try:
+        lock = run_lock.acquire(settings.out_dir)
+    except BadInput as e:
+        return None, e
+    try:
+        if not settings.resume:
+            checkpoint.check_fresh_out_dir(settings.out_dir)
+        elif resume_from is not None:
+            checkpoint.check_resume_target(resume_from, settings.out_dir)
+    except BadInput as e:
+        lock.close()
+        return None, e
+    return lock, None
+
+
+def convert_to_universal(path):
+    """Rank 0, before the process group exists: the checkpoint's universal form for a resume on another world size
+    or ZeRO stage (gpt/train/universal.py), converted once and reused. Returns why it failed, or None."""
+    target = Path(path) / universal.UNIVERSAL
+    if target.is_dir():
+        say(f"reusing {target}, converted by an earlier resume")
+        return None
+    start = time.perf_counter()
+    try:
+        universal.universal_dir(path)
+    except BadInput as e:
+        return e
+    say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s ({target})")
+    return None
+
+
+def new_engine(setup, micro_batch, grad_accum, initial_weights=True):
+    """(the DeepSpeed engine, the model, the loss's name for the log) as the run steps them: a GPT of the run's
+    shape, --init_from's weights when initial_weights, wrapped with its loss, activation checkpointing and
+    --compile (gpt.model.wrap.wrap)."""
+    settings = setup.settings
+    model = GPT(setup.model_config)
+    if initial_weights and settings.init_from:
+        model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
+        say0(f"initial weights from {settings.init_from}")
+    engine = initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(settings),
+                        settings.loss, settings.compile)
+    return engine, model, loss_label(settings.loss, setup.device.type, setup.precision)
+
+
+def with_micro_batch(setup, micro_batch):
+    """The setup at another micro-batch: its accumulation and run config follow."""
+    settings, world_size = replace(setup.settings, micro_batch=micro_batch), dist.world_size()
+    return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings, world_size),
+                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
+
+
+def forget_compiled_code(setup):
+    """Drop torch.compile's graphs after steps at another micro-batch (a probe's, a first step that ran out of
+    memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
+    if setup.settings.compile:
+        torch._dynamo.reset()
+
+
+def probe(setup):
+    """--micro_batch auto on a GPU: one real step at the planned micro-batch on a throwaway engine built as the
+    run's (compiled when the run compiles), smaller sizes that divide the token budget tried on out-of-memory
+    (gpt/memory/probe.py). Returns the setup at the largest that fits."""
+    settings, plan, world_size = setup.settings, setup.auto_plan, dist.world_size()
+    candidates = dividing_sizes(settings.total_batch_tokens, settings.seq_len, world_size, plan["micro_batch"])
+
+    def throwaway_engine(micro_batch):
+        forget_compiled_code(setup)  # each size compiled for its static shape, as the run will be
+        return new_engine(setup, micro_batch, 1, initial_weights=False)[0]
+
+    probed = probe_micro_batch(throwaway_engine, candidates, settings.seq_len, setup.model_config.vocab_size,
+                               setup.device, log=say0)
+    torch.manual_seed(settings.seed)  # the probe drew random numbers: the same initial weights as without it
+    forget_compiled_code(setup)
+    if probed is None:
+        exit_with(f"--micro_batch auto: even micro-batch {candidates[0]} runs out of memory on this GPU; use ZeRO-2, "
+                  f"activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more GPUs", 2)
+    setup = with_micro_batch(setup, probed)
+    say0(f"--micro_batch auto: planned {plan['micro_batch']} (largest fitting the plan: {plan['max_micro_batch']}), "
+         f"probed {probed}: micro_batch {probed} x grad_accum {setup.grad_accum}")
+    return setup
+
+
+def smaller_micro_batch(setup):
+    """--micro_batch auto after its size ran out of memory in the run's first step on every rank: the setup at the
+    next smaller size that divides the token budget, said in one line; exits when there is none."""
+    settings = setup.settings
+    smaller = dividing_sizes(settings.total_batch_tokens, settings.seq_len, dist.world_size(), settings.micro_batch - 1)
+    if not smaller:
+        exit_with(f"--micro_batch auto: even micro-batch {settings.micro_batch} ran out of memory in the run's first "
+                  f"step; use ZeRO-2, activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more "
+                  f"GPUs", 1, every_rank=True)
+    say0(f"--micro_batch auto: micro-batch {settings.micro_batch} ran out of memory in the run's first step; "
+         f"falling back to {smaller[-1]}")
+    torch.manual_seed(settings.seed)  # the same initial weights as a run started at that size
+    forget_compiled_code(setup)
+    return with_micro_batch(setup, smaller[-1])
+
+
+def out_of_memory_message(setup, error):
+    """One line for an allocation that failed while the model and its engine were built: the model, what its
+    states need per rank (the planner's count), what to do, and the allocator's own first line."""
+    n_params = param_count(setup.model_config)
+    need = sum(model_state_bytes(n_params, dsc.precision(setup.ds_config), dsc.zero_stage(setup.ds_config),
+                                 dist.world_size(), setup.ds_config).values())
+    reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
+    return (f"out of memory building the model and its DeepSpeed engine ({model_flags(setup.settings)}: "
+            f"{n_params:.3g} parameters, whose weights, gradients and optimizer states need {need / GiB:,.1f} GiB per "
+            f"rank): choose a smaller model, more ranks with ZeRO 1 or 2, or a device with more memory ({reason})")
