@@ -625,7 +625,7 @@ def print_row(row, columns):
           flush=True)
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="larger batches, more steps, every section")
     parser.add_argument("--smoke", action="store_true",
@@ -642,12 +642,15 @@ def main():
     for name in ("seq_len", "micro_batch", "repeats", "local_rank"):
         parser.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dtypes", nargs="+", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     if args.zero_worker:
         return zero_worker(args)
     if args.allocator_worker:
         return allocator_worker(args)
-
     mode = "smoke" if args.smoke else "full" if args.full else "quick"
     if DEVICE == "cuda" and mode != "smoke":
         mode = "gpu"
@@ -660,11 +663,6 @@ def main():
     usable, bf16_skipped = usable_dtypes()
     if bf16_skipped:
         print(bf16_skipped)
-
-    def only_usable(dtypes):  # a section meant for bf16 alone measures fp32 instead where bf16 is skipped
-        return tuple(d for d in dtypes if d in usable) or ("fp32",)
-    dtypes = only_usable(settings.get("dtypes", usable))
-    repeats = settings["repeats"]
     started = time.perf_counter()
     results = {"device": DEVICE, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "mode": mode,
                "bf16_skipped": bf16_skipped}
@@ -674,49 +672,8 @@ def main():
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
     with tempfile.TemporaryDirectory() as tmp:
-        data = synthetic_shards(Path(tmp))
-        peaks = peaks_for(dtypes, settings)
-        results["matmul_peak_flops"] = peaks
-        where = torch.cuda.get_device_name() + " datasheet" if DEVICE == "cuda" else \
-            f"this CPU ({torch.get_num_threads()} threads), measured"
-        print(f"matmul peak on {where}: "
-              + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
+        runs = section_runs(settings, usable, synthetic_shards(Path(tmp)), tmp, results)
         save()
-
-        def keywords(section):  # a section's keyword arguments in this mode, the mode's repeats unless it sets its own
-            return {"repeats": repeats, **settings[section]}
-        speed_variants = " and ".join("compiled" if c else "eager" for c in settings["speed"]["compiles"])
-        speed_plain = "compiled " if any(settings["speed"]["compiles"]) else ""
-        fused_kernel = fused_loss(DEVICE, dtypes[-1])[1]
-        # (title, columns, what the section adds to the results), in the order they run
-        runs = {
-            "overhead": ("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
-                         OVERHEAD_COLUMNS, lambda: {"overhead": measure_overhead_and_mfu(
-                             data, tmp, settings["overhead"], dtypes, settings.get("overhead_compile", (False,)),
-                             repeats, peaks)}),
-            "zero": ("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS,
-                     lambda: {"zero": measure_zero_stages(data, tmp, *settings["zero"], dtypes, repeats)}),
-            "ckpt": ("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS,
-                     lambda: {"ckpt": measure_checkpointing(data, tmp, *settings["ckpt"][:3],
-                                                            only_usable(settings["ckpt"][3]), repeats)}),
-            "allocator": ("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
-                          ALLOCATOR_COLUMNS,
-                          lambda: {"allocator": measure_allocator(tmp, *settings["allocator"], dtypes[-1], repeats)}),
-            "compile": (f"torch.compile (inductor, {DEVICE}): compile time and steady step time", COMPILE_COLUMNS,
-                        lambda: {"compile": measure_compile(data, tmp, *settings["compile"], dtypes, repeats)}),
-            "loss": ("the kernel behind --loss fused: each fused kernel and the classic loss at a fixed micro-batch "
-                     "and at --micro_batch auto's, against the classic loss's best micro-batch (tokens/s, peak memory)",
-                     LOSS_COLUMNS, lambda: dict(zip(("loss", "loss_verdict"),
-                                                    measure_loss(data, tmp, dtypes[-1], **keywords("loss"))))),
-            "speed": (f"the trainer's tokens/s and MFU, {speed_variants}, --loss fused ({fused_kernel} here) and "
-                      f"classic, against one plain {speed_plain}PyTorch loop, steps interleaved",
-                      SPEED_COLUMNS,
-                      lambda: {"speed": measure_speed(data, tmp, dtypes[-1], peaks, **keywords("speed"))}),
-            "deterministic": ("--deterministic's cost: median step time of train_ds.py without and with it, fresh "
-                              "processes alternating", DETERMINISTIC_COLUMNS,
-                              lambda: {"deterministic": measure_deterministic(data, tmp, dtypes[-1],
-                                                                              **settings["deterministic"])}),
-        }
         for section in SECTIONS:
             if section in sections:
                 title, columns, run = runs[section]
@@ -725,6 +682,54 @@ def main():
                 save()
     print(f"\n{results['seconds']:.0f} s")
 
+
+def section_runs(settings, usable, data, tmp, results):
+    """section -> (title, columns, what it adds to the results) in this mode's settings, in the order they run;
+    measures the matmul peaks first (into results)."""
+    def only_usable(dtypes):  # a section meant for bf16 alone measures fp32 instead where bf16 is skipped
+        return tuple(d for d in dtypes if d in usable) or ("fp32",)
+    dtypes = only_usable(settings.get("dtypes", usable))
+    repeats = settings["repeats"]
+    peaks = peaks_for(dtypes, settings)
+    results["matmul_peak_flops"] = peaks
+    where = torch.cuda.get_device_name() + " datasheet" if DEVICE == "cuda" else \
+        f"this CPU ({torch.get_num_threads()} threads), measured"
+    print(f"matmul peak on {where}: "
+          + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
+
+    def keywords(section):  # a section's keyword arguments in this mode, the mode's repeats unless it sets its own
+        return {"repeats": repeats, **settings[section]}
+    speed_variants = " and ".join("compiled" if c else "eager" for c in settings["speed"]["compiles"])
+    speed_plain = "compiled " if any(settings["speed"]["compiles"]) else ""
+    fused_kernel = fused_loss(DEVICE, dtypes[-1])[1]
+    return {
+        "overhead": ("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
+                     OVERHEAD_COLUMNS, lambda: {"overhead": measure_overhead_and_mfu(
+                         data, tmp, settings["overhead"], dtypes, settings.get("overhead_compile", (False,)),
+                         repeats, peaks)}),
+        "zero": ("ZeRO stages, 2 ranks: step time and per-rank model-state bytes", ZERO_COLUMNS,
+                 lambda: {"zero": measure_zero_stages(data, tmp, *settings["zero"], dtypes, repeats)}),
+        "ckpt": ("activation checkpointing: step time and activation bytes, off vs on", CKPT_COLUMNS,
+                 lambda: {"ckpt": measure_checkpointing(data, tmp, *settings["ckpt"][:3],
+                                                        only_usable(settings["ckpt"][3]), repeats)}),
+        "allocator": ("CPU allocator: trainer step with glibc's default malloc vs freed memory kept in the heap",
+                      ALLOCATOR_COLUMNS,
+                      lambda: {"allocator": measure_allocator(tmp, *settings["allocator"], dtypes[-1], repeats)}),
+        "compile": (f"torch.compile (inductor, {DEVICE}): compile time and steady step time", COMPILE_COLUMNS,
+                    lambda: {"compile": measure_compile(data, tmp, *settings["compile"], dtypes, repeats)}),
+        "loss": ("the kernel behind --loss fused: each fused kernel and the classic loss at a fixed micro-batch "
+                 "and at --micro_batch auto's, against the classic loss's best micro-batch (tokens/s, peak memory)",
+                 LOSS_COLUMNS, lambda: dict(zip(("loss", "loss_verdict"),
+                                                measure_loss(data, tmp, dtypes[-1], **keywords("loss"))))),
+        "speed": (f"the trainer's tokens/s and MFU, {speed_variants}, --loss fused ({fused_kernel} here) and "
+                  f"classic, against one plain {speed_plain}PyTorch loop, steps interleaved",
+                  SPEED_COLUMNS,
+                  lambda: {"speed": measure_speed(data, tmp, dtypes[-1], peaks, **keywords("speed"))}),
+        "deterministic": ("--deterministic's cost: median step time of train_ds.py without and with it, fresh "
+                          "processes alternating", DETERMINISTIC_COLUMNS,
+                          lambda: {"deterministic": measure_deterministic(data, tmp, dtypes[-1],
+                                                                          **settings["deterministic"])}),
+    }
 
 if __name__ == "__main__":
     main()
