@@ -5,9 +5,9 @@
     python bench/batch_report.py --chart docs/batch_growth.png      # prints docs/memory.md's markdown table
                                                                     # and issue 13's targets for d12
 
-Planned, not measured: model states are DeepSpeed 0.19's (tests/test_plan.py), a step's activations and
+Planned, not measured: model states are DeepSpeed 0.19's (tests/unit/test_plan.py), a step's activations and
 loss buffers come from a fit of peaks measured on CPU, the allocator's overhead from an H100's measurements
-(tests/test_plan.py holds the plan against them); the context reserve is an estimate.
+(tests/unit/test_plan.py holds the plan against them); the context reserve is an estimate.
 """
 import argparse
 from pathlib import Path

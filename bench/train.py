@@ -28,7 +28,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
                                                #   speed, deterministic (~25 min); on a GPU every GPU section
     python bench/train.py --only zero ckpt     # some sections
     python bench/train.py --only loss speed deterministic  # on a GPU: issue 22's figures, d12 at 0.5M tokens/step
-    python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/test_bench.py)
+    python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/unit/test_bench.py)
     python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
     python bench/train.py --json bench.json    # also write the results as JSON (after each section)
 """
@@ -89,7 +89,7 @@ MODES = {
                  speed=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, compiles=(False, True)),
                  deterministic=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, steps=8, rounds=2),
                  repeats=6, peak_max_size=4096, sections=SECTIONS),
-    # each section's code path once on the tiny model, for tests/test_bench.py: the figures mean nothing. loss, speed
+    # each section's code path once on the tiny model, for tests/unit/test_bench.py: the figures mean nothing. loss, speed
     # and deterministic only when named with --only (a test of their own), and eager: compiling takes ~60 s on 2 cores
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
                   allocator=("tiny", 64, 4), compile=("tiny", 64, 4),

@@ -7,7 +7,7 @@
 #                     (zero1_bf16, d12, --loss fused, compiled, --micro_batch auto) for 30 steps with validation,
 #                     a sample and a save; main_resume.*: --resume auto for 10 more. summary.md: the micro-batch
 #                     auto chose, steady tokens/s, MFU and peak memory (the plain compiled loop: bench below)
-#   pytest.txt        python -m pytest -m gpu tests (tests/test_gpu.py: tiny models but --micro_batch auto, runs side by side)
+#   pytest.txt        python -m pytest -m gpu tests (tests/integration/test_gpu.py: tiny models but --micro_batch auto, runs side by side)
 #   measure_*.json    gpt-plan --measure for d12, fused and classic loss, compiled as the trainer runs: zero1_bf16;
 #                     part v100 (only when named): zero2_fp16 capped at 31.75 GiB (a V100-32GB) (the JSON is what
 #                     tests/data/gpu_measure_*.json holds: the planner must then hold every row)

@@ -5,7 +5,7 @@
 # and every node needs the repo and the data at the same path. Two ways to start the job:
 #   over ssh (pdsh), from node1, with passwordless ssh to every node:
 #       bash launch/multinode.sh
-#   one command per node, no ssh (as in tests/test_multinode.py, two nodes on one machine):
+#   one command per node, no ssh (as in tests/integration/test_multinode.py, two nodes on one machine):
 #       NODE_RANK=0 MASTER_ADDR=node1 bash launch/multinode.sh      # on node1
 #       NODE_RANK=1 MASTER_ADDR=node1 bash launch/multinode.sh      # on node2
 # Extra arguments go to train_ds.py (the last of a repeated flag wins). The run resumes from the newest

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
 GPT3_WARMUP_STEPS = 715  # 375M tokens of warmup (GPT-3 paper) at 0.5M tokens per step
-# GPT-2's 50257 padded to a multiple of 128: gpt.model.model.PADDED_VOCAB_SIZE, which tests/test_settings.py keeps equal.
+# GPT-2's 50257 padded to a multiple of 128: gpt.model.model.PADDED_VOCAB_SIZE, which tests/unit/test_settings.py keeps equal.
 PADDED_VOCAB_SIZE = 50304
 
 # Upper bounds: far beyond any real run, they turn a typo (1e20 steps) into an error instead of a run that never ends.

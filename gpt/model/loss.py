@@ -147,7 +147,7 @@ def chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=C
 def compiled_chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=CHUNK_ROWS):
     """chunked_cross_entropy with each chunk's math compiled, for --compile. The autograd.Function itself stays
     out of dynamo: traced whole (the head compiled around it), AOTAutograd's partitioner kept every chunk's fp32
-    logits for backward instead of recomputing them, the full logits again (tests/test_loss.py; on an H100 at
+    logits for backward instead of recomputing them, the full logits again (tests/integration/test_loss.py; on an H100 at
     d12 micro-batch 128: 64.6 GiB compiled against 43.2 GiB eager, 2026-11-24)."""
     return _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, compiled_chunk_kernels())
 

@@ -16,7 +16,7 @@ Only rank 0 converts (universal_dir), before the other ranks load; no process gr
 loads it (load) into an engine built with "checkpoint": {"load_universal": true}.
 
 What loading restores (DeepSpeed 0.19.8; ZeRO-1/2 and BF16_Optimizer alike, in either direction; each checked in
-tests/test_universal.py): the fp32 master weights, and the module's weights from them; exp_avg and exp_avg_sq; Adam's
+tests/integration/test_universal.py): the fp32 master weights, and the module's weights from them; exp_avg and exp_avg_sq; Adam's
 step count; the param groups' hyperparameters (lr, betas, eps, weight decay: the saved ones); the lr scheduler's
 state; the engine's global_steps and skipped_steps; with fp16 the dynamic loss scaler whole (its scale, iteration
 and last-overflow counters, and also its window, hysteresis and minimum: the saved run's settings, not the new

@@ -1,0 +1,40 @@
+"""What the unit and the integration tests share, imported first (tests/conftest.py): DeepSpeed pinned to its CPU
+accelerator before anything imports it, OpenMP threads that sleep while they wait, the repository's root, the small
+vocabulary, and the one-rank process group of in-process DeepSpeed engines. Unit tests import from here; integration
+tests from tests/integration/conftest.py, which imports this."""
+import os
+from pathlib import Path
+
+os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported; runs started from the tests inherit it
+# Before torch loads OpenMP: with the shared launch or the background lane beside the tests, 2 cores run more threads
+# than they have, and OpenMP threads that spin while waiting took ~20% more CPU time.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+REPO = Path(__file__).resolve().parents[1]
+# bf16 and fp16 runs: CPUs without bf16 units emulate half-precision matmuls ~90x slower than fp32, and the
+# tiny model's 50304-wide logits matmul is 97% of its FLOPs. With small_vocab_dir it shrinks 100x.
+SMALL_VOCAB = 512
+
+
+def join_single_rank_group():
+    """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines and training
+    runs: one for the whole session, since DeepSpeed caches the group it first saw (a second one is 'not
+    registered'). Joined on first use."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from gpt.train.dist import free_port
+
+    os.environ["LOCAL_RANK"] = "0"  # DeepSpeed's engine reads it (a run in this process puts its environment back)
+    if dist.is_initialized():
+        return
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deepspeed.init_distributed(dist_backend="gloo")
+    for key, value in saved.items():  # only for joining: runs started later must not inherit RANK and the port
+        if key != "LOCAL_RANK":
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,76 @@
+"""train_ds.py's main() (or a test script's) inside a running process, as `python train_ds.py ARGV` would run
+it: conftest's train() runs one-rank runs in the test process this way, and two_rank_runs.py runs many
+2-rank runs in one launch. A launch costs seconds before its first step (importing torch and DeepSpeed,
+loading its ops, torch._dynamo's import when the optimizer is built); a tiny run in a warm process, a fraction."""
+import contextlib
+import gc
+import io
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+import train_ds  # first: gpt.train.dist imports DeepSpeed so that its logger writes to stderr
+from deepspeed.accelerator import get_accelerator
+from deepspeed.utils import logger as deepspeed_logger
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_main(argv, main=train_ds.main):
+    """(exit status, stdout, stderr) of main(argv), train_ds.py's by default: SystemExit's code, or 1 and the
+    traceback on stderr for an uncaught exception; stderr holds DeepSpeed's logger too. The process group is the one this
+    process has joined (a run joins one if there is none). What a run changes in the process is put back:
+    the environment, the working directory (the repository during the run, as the tests launch it), signal
+    handlers, torch's thread count and deterministic mode, the CPU accelerator's fp16 switch (--cpu_fp16).
+    malloc keeps glibc's defaults (gpt.train.dist.keep_freed_memory_in_heap would hold this process's RSS at its
+    peak for good; tests/integration/test_performance_runs.py checks that setting in a process of its own)."""
+    accelerator = get_accelerator()
+    environ, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    fp16_switch = vars(accelerator).get("is_fp16_supported")
+    # DeepSpeed's console handler holds the stderr of the moment it was built: point it at err for the run. Only
+    # plain StreamHandlers, what loggers are built with for a console: subclasses keep their own targets (pytest
+    # >= 9.2 attaches its capturing handlers, and a NullHandler with no stream, to DeepSpeed's logger too).
+    log_streams = {handler: handler.stream for handler in deepspeed_logger.handlers
+                   if type(handler) is logging.StreamHandler}
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        os.chdir(REPO)
+        os.environ["DSGPT_MALLOC_CACHE"] = "0"  # glibc's defaults: tests measure memory in this process too
+        for handler in log_streams:
+            handler.setStream(err)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+            except SystemExit as e:  # as the interpreter exits: an int is the status, a message is printed, status 1
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+                    code = 1
+            except Exception:  # as an uncaught exception ends a process: status 1, the traceback on stderr
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if fp16_switch is None:
+            vars(accelerator).pop("is_fp16_supported", None)
+        else:
+            accelerator.is_fp16_supported = fp16_switch
+        for handler, stream in log_streams.items():
+            handler.setStream(stream)
+        gc.collect()  # the run's engine and its buffers, before the next run
+    return code, out.getvalue(), err.getvalue()

@@ -1,0 +1,70 @@
+"""Full and read-only disks (gpt/console.py), on small tmpfs mounts: one line, `latest` never on a partial step,
+refused up front where the run could not save."""
+import subprocess
+
+import pytest
+
+from conftest import TINY, train
+from gpt.train import checkpoint
+from gpt.console import free_bytes, megabytes
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(path, size, read_only=False): a tmpfs at path (made), unmounted at the end; skips where mounting
+    is not permitted (not root, a container without CAP_SYS_ADMIN)."""
+    mounted = []
+
+    def make(path, size, read_only=False):
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                              text=True)
+        if proc.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+        mounted.append(path)
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+        return path
+    try:
+        yield make
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_read_only_checkpoints_directory_is_refused_before_training(mount, tmp_path, shakespeare_dir):
+    out = tmp_path / "out"
+    mount(out / "checkpoints", "1m", read_only=True)
+    _, proc = train(out, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out}: {out / 'checkpoints'} is not writable\n")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]  # nothing written
+
+
+def test_a_read_only_out_dir_is_refused_before_training(mount, tmp_path, shakespeare_dir):
+    out = mount(tmp_path / "out", "1m", read_only=True)
+    _, proc = train(out / "run", shakespeare_dir, *TINY, "--max_steps", "2", check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out / 'run'}: {out} is not writable\n")
+
+
+@pytest.mark.slow
+def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refused(mount, tmp_path, shakespeare_dir):
+    """The tiny fp32 model's checkpoint is ~52 MB: 80 MB holds one, not two. The second save fails mid-way:
+    one line, exit 1, `latest` on the first; the partial step is never loaded. A --resume auto on the still-full
+    disk is refused up front, before a run that could not save starts."""
+    out = mount(tmp_path / "disk", "80m") / "out"
+    args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--save_every", "2"]
+    _, proc = train(out, shakespeare_dir, *args, check=False)
+    ckpt = out / "checkpoints"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
+        f"error: stopping: {ckpt / 'step_00000003'}: no space left on the device; that checkpoint is incomplete and "
+        f"will not be loaded. Last good checkpoint: {ckpt / 'step_00000001'}"]
+    assert (ckpt / "latest").read_text() == "step_00000001" and (ckpt / "step_00000003").is_dir()
+    assert checkpoint.find_checkpoint("auto", out) == ckpt / "step_00000001"
+
+    needed = sum(checkpoint.file_sizes(ckpt / "step_00000001").values())
+    free = free_bytes(ckpt)
+    _, proc = train(out, shakespeare_dir, *args, "--resume", "auto", check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out}: no space left on the device: "
+                                                 f"{megabytes(free)} free, a checkpoint like step_00000001 needs "
+                                                 f"{megabytes(needed)}\n")

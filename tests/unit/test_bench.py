@@ -1,0 +1,43 @@
+"""bench/train.py's loss section, bookkeeping only: stand-ins for the trainer and --micro_batch auto (its runs:
+tests/integration/test_bench_runs.py)."""
+import importlib.util
+
+from common import REPO
+from gpt.model.loss import liger_problem
+
+
+def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):
+    """The loss section's bookkeeping at the GPU's sizes (fixed 64, sweep from 32, 512 sequences per step), with
+    stand-ins for the trainer and --micro_batch auto: the classic sweep ends at its first out-of-memory, a size
+    past it that auto picked is reported out of memory without a run, and the verdict names the fastest fused
+    kernel against the classic loss's best and its memory against the classic loss's at the fixed size."""
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = []
+
+    def throughput(settings, repeats):
+        runs.append((settings.loss, settings.micro_batch, settings.total_batch_tokens))
+        if settings.loss == "classic" and settings.micro_batch >= 64:
+            return dict(tokens_per_s=None, note="out of memory")
+        return dict(tokens_per_s={"classic": 100.0, "chunked": 90.0}[settings.loss] + settings.micro_batch / 16,
+                    peak_rss_gib=settings.micro_batch / 4)
+    monkeypatch.setattr(bench, "trainer_throughput", throughput)
+    monkeypatch.setattr(bench, "auto_micro_batch", lambda settings: {"classic": 128, "chunked": 256}[settings.loss])
+    rows, verdict = bench.measure_loss(tmp_path, tmp_path, "fp32", "d12", 1024, sequences=512, micro_batch=64,
+                                       sweep_from=32, compile=True, repeats=1)
+    assert runs == [("classic", 32, 524288), ("classic", 64, 524288), ("chunked", 64, 524288),
+                    ("chunked", 256, 524288)]
+    assert [(r["loss"], r["micro_batch"], r["grad_accum"], r["picked_by"], r["tokens_per_s"], r["note"])
+            for r in rows] == [
+        ("classic", 32, 16, "sweep", 102.0, None), ("classic", 64, 8, "sweep, fixed", None, "out of memory"),
+        ("classic", 128, 4, "sweep, auto", None, "out of memory (micro-batch 64 was)"),
+        ("chunked", 64, 8, "fixed", 94.0, None), ("chunked", 256, 2, "auto", 106.0, None),
+        ("liger", None, None, None, None, f"skipped: {liger_problem('cpu', 'fp32')}")]
+    assert [r["ratio_to_classic_best"] for r in rows if r["loss"] == "chunked"] == [94 / 102, 106 / 102]
+    assert verdict["fastest"] == "chunked" and verdict["meets_target"] and verdict["keeps_memory_gain"]
+    assert verdict["line"] == (
+        "verdict: the fastest fused kernel is chunked: 106 tokens/s at micro-batch 256, 1.039x the classic loss's "
+        "best (102 at micro-batch 32): meets the target (>= the classic loss's best); peak_rss_gib at micro-batch "
+        "64: chunked 16.00 GiB, the classic loss out of memory (keeps the memory gain)")
+    assert verdict["line"] in capsys.readouterr().out

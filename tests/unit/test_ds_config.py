@@ -1,0 +1,98 @@
+"""The DeepSpeed JSON's reader (gpt/config/ds_config.py): duplicate keys at any depth, bytes that are not UTF-8, the
+precision DeepSpeed will really train in (its `bfloat16` alias), and every shipped ds_configs/*.json passing
+the check. (Bad JSON through the trainer: tests/integration/test_bad_input.py; through gpt-plan:
+test_bad_input_scripts.py there.)"""
+import json
+
+import pytest
+
+from common import REPO
+from gpt.train import checkpoint
+from gpt.config import ds_config as dsc
+from gpt.memory import plan
+from gpt.commands import plan as plan_command
+from gpt.commands.train import parse
+from gpt.console import BadInput
+from gpt.config.preflight import resolve_defaults, run_config_of, validate
+
+FP32 = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
+
+
+def write(tmp_path, content, name="ds.json"):
+    path = tmp_path / name
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    return path
+
+
+def test_duplicate_keys_are_named_at_every_depth(tmp_path):
+    path = write(tmp_path, '{"zero_optimization": {"stage": 1, "stage": 2}, "steps_per_print": 1, '
+                           '"optimizer": {"params": {"betas": [{"a": 1, "a": 2}]}}, "steps_per_print": 2}')
+    with pytest.raises(BadInput) as error:
+        dsc.load(path)
+    assert str(error.value).splitlines() == [
+        f"{path}: duplicate key 'steps_per_print' (DeepSpeed would use the last one, silently)",
+        f"{path}: duplicate key 'zero_optimization.stage' (DeepSpeed would use the last one, silently)",
+        f"{path}: duplicate key 'optimizer.params.betas[0].a' (DeepSpeed would use the last one, silently)"]
+
+
+def test_a_config_without_duplicates_loads_as_plain_dicts(tmp_path):
+    config = dsc.load(write(tmp_path, json.dumps(FP32)))
+    assert config == FP32 and type(config) is dict and type(config["zero_optimization"]) is dict
+
+
+def test_bytes_that_are_not_utf8_are_one_line_with_their_offset(tmp_path):
+    path = write(tmp_path, b'{"steps_per_print": 1, "x": "caf\xe9"}')
+    with pytest.raises(BadInput, match=r"^.*ds\.json: not UTF-8 text \(byte 0xe9 at offset 32\)$"):
+        dsc.load(path)
+
+
+PRECISION_BLOCKS = [({}, "fp32"), ({"bf16": {"enabled": True}}, "bf16"), ({"bfloat16": {"enabled": True}}, "bf16"),
+                    ({"bf16": None, "bfloat16": {"enabled": True}}, "bf16"), ({"fp16": {"enabled": True}}, "fp16"),
+                    ({"bfloat16": {"enabled": False}}, "fp32"), ({"fp16": {"enabled": False}}, "fp32")]
+
+
+@pytest.mark.parametrize("blocks, expected", PRECISION_BLOCKS)
+def test_precision_is_what_deepspeeds_own_parser_reads(blocks, expected):
+    """precision() reads the JSON as DeepSpeed 0.19 does, its alias `bfloat16` included."""
+    parsed = dsc.deepspeed_config(blocks)
+    deepspeed = "fp16" if parsed.float16_config.enabled else "bf16" if parsed.bfloat16_config.enabled else "fp32"
+    assert dsc.precision(blocks) == deepspeed == expected
+
+
+def test_the_bfloat16_alias_is_bf16_for_the_run_config_the_checkpoint_check_and_the_planner(tmp_path, capsys,
+                                                                                           shakespeare_dir, monkeypatch):
+    monkeypatch.setattr(plan, "step_bytes", lambda *args: 0)  # the activations' CPU measurement: seconds, not needed
+    alias = {**FP32, "bfloat16": {"enabled": True}}
+    path = write(tmp_path, json.dumps(alias))
+    settings = parse(["--ds_config", str(path), "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
+                      "--total_batch_tokens", "1024", "--data", str(shakespeare_dir)])
+    settings = resolve_defaults(settings, "cpu")[0]
+    ds_config, model_config, _ = validate(settings, 1)
+    run_config = run_config_of(settings, ds_config, model_config, 1)
+    assert run_config["precision"] == "bf16"
+    bf16_run = run_config_of(settings, {**FP32, "bf16": {"enabled": True}}, model_config, 1)
+    checkpoint.check_compatible(tmp_path, bf16_run, run_config)  # a bf16 checkpoint resumes under the alias
+    plan_command.main(["--model", "tiny", "--seq_len", "64", "--ds_config", str(path), "--gpu", "h100-80gb", "--json"])
+    assert json.loads(capsys.readouterr().out)["precision"] == "bf16"
+
+
+def test_grad_accum_dtype_spellings_deepspeed_takes_mean_the_same():
+    assert [dsc.dtype_name(name) for name in ("fp32", "float32", "float", "torch.float32", "bfloat16", "half")] == [
+        "fp32", "fp32", "fp32", "fp32", "bf16", "fp16"]
+    assert plan.model_state_bytes(1000, "bf16", 1, 2, {"data_types": {"grad_accum_dtype": "float32"}}) == \
+        plan.model_state_bytes(1000, "bf16", 1, 2, {"data_types": {"grad_accum_dtype": "fp32"}})
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "ds_configs").glob("*.json")))
+def test_every_shipped_config_passes_the_check(name):
+    path = REPO / "ds_configs" / name
+    assert dsc.load_checked(path) == json.loads(path.read_text())
+
+
+def test_problems_in_several_deepspeed_sections_are_all_named():
+    """DeepSpeed's parser stops at its first error; each section is parsed apart, so each one is named."""
+    config = {**FP32, "zero_optimization": {**FP32["zero_optimization"], "reduce_bucket_size": 0},
+              "tensorboard": {"enabled": True, "output_pth": "tb"}}
+    assert dsc.problems(config, "P") == [
+        "P: zero_optimization.reduce_bucket_size: Input should be greater than 0 (got 0)",
+        "P: unknown key 'tensorboard.output_pth' (did you mean 'output_path'?)"]
