@@ -45,7 +45,6 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -216,17 +215,18 @@ class PlainPyTorch:
     GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process."""
 
     def __init__(self, settings, model_config, dtype, compile=False):
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(settings.run.seed)
         self.device = torch.device(DEVICE)
         self.model = GPT(model_config).to(self.device)
         self.forward = torch.compile(self.model) if compile else self.model
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95),
+        optimizer, data = settings.optimizer, settings.data
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, optimizer.weight_decay), lr=optimizer.lr, betas=(0.9, 0.95),
                                            eps=1e-8, fused=True)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, OptimizerSettings.of(settings).lr_factor)
-        self.loader = ShuffledTokenLoader(find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len,
-                                          seed=settings.seed, windows_per_batch=settings.total_batch_tokens // settings.seq_len,
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, OptimizerSettings.of(optimizer).lr_factor)
+        self.loader = ShuffledTokenLoader(find_shards(data.dir, "train"), data.micro_batch, data.seq_len,
+                                          seed=settings.run.seed, windows_per_batch=data.total_batch_tokens // data.seq_len,
                                           pin_memory=DEVICE == "cuda")
-        self.accum = settings.total_batch_tokens // (settings.micro_batch * settings.seq_len)
+        self.accum = settings.data.total_batch_tokens // (settings.data.micro_batch * settings.data.seq_len)
         self.autocast = dtype == "bf16"
 
     def step(self):
@@ -278,13 +278,13 @@ def measure_overhead_and_mfu(data, tmp, models, dtypes, compiles, repeats, peaks
                 trainer = TrainerSteps(settings)
                 plain = PlainPyTorch(settings, trainer.config, dtype, compile=compiled)
                 ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
-                flops = trainer.model.flops_per_token(seq_len) * settings.total_batch_tokens
+                flops = trainer.model.flops_per_token(seq_len) * settings.data.total_batch_tokens
                 mfu = (lambda seconds: flops / seconds / peaks[dtype]) if peaks[dtype] else (lambda seconds: None)
-                rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=settings.total_batch_tokens,
+                rows.append(dict(model=model, dtype=dtype, compiled=compiled, tokens_per_step=settings.data.total_batch_tokens,
                                  plain_s=plain_seconds, trainer_s=ds_seconds, ratio=ds_seconds / plain_seconds,
                                  tflops=flops / ds_seconds / 1e12, mfu=mfu(ds_seconds), plain_mfu=mfu(plain_seconds),
-                                 tokens_per_s=settings.total_batch_tokens / ds_seconds,
-                                 plain_tokens_per_s=settings.total_batch_tokens / plain_seconds))
+                                 tokens_per_s=settings.data.total_batch_tokens / ds_seconds,
+                                 plain_tokens_per_s=settings.data.total_batch_tokens / plain_seconds))
                 trainer.close()
                 plain.close()
                 print_row(rows[-1], OVERHEAD_COLUMNS)
@@ -347,8 +347,8 @@ def measure_loss(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep
             continue
         try:
             picks = {micro_batch: ["fixed"]}  # micro-batch: why it is measured
-            auto = auto_micro_batch(replace(settings(kernel, sequences), micro_batch="auto",
-                                            out_dir=str(Path(tmp) / f"loss_{kernel}_auto")))
+            auto = auto_micro_batch(settings(kernel, sequences).replace(micro_batch="auto",
+                                                                        out_dir=str(Path(tmp) / f"loss_{kernel}_auto")))
             picks.setdefault(auto, []).append("auto")
             if kernel == "classic":
                 size = sweep_from
@@ -417,7 +417,7 @@ def loss_verdict(rows, micro_batch, dtype):
 def auto_micro_batch(settings):
     """The micro-batch --micro_batch auto picks for these settings (the plan, probed on a GPU)."""
     with quiet():
-        chosen = start.prepare(settings).settings.micro_batch
+        chosen = start.prepare(settings).settings.data.micro_batch
     gc.collect()
     get_accelerator().empty_cache()
     return chosen
@@ -434,12 +434,12 @@ def trainer_throughput(settings, repeats):
     """The trainer's tokens/s with these settings and its last step's peak memory (gpt.train.metrics.peak_memory, reset
     at each step), or tokens_per_s None and a note if it runs out of memory (then freed)."""
     trainer, result = None, dict(tokens_per_s=None, note="out of memory")
-    if settings.compile:
+    if settings.model.compile:
         forget_compiled_code()
     try:
         trainer = TrainerSteps(settings)
         seconds, = interleaved_seconds([trainer], repeats)
-        result = dict(tokens_per_s=settings.total_batch_tokens / seconds, **peak_memory(DEVICE))
+        result = dict(tokens_per_s=settings.data.total_batch_tokens / seconds, **peak_memory(DEVICE))
     except Exception as error:  # noqa: BLE001 -- out-of-memory is an answer here; anything else is re-raised
         if not is_out_of_memory(error):
             raise
@@ -466,13 +466,13 @@ def measure_speed(data, tmp, dtype, peaks, model, seq_len, micro_batch, grad_acc
             if plain is None:
                 plain = PlainPyTorch(settings, trainer.config, dtype, compile=any(compiles))
             trainer_s, plain_s = interleaved_seconds([trainer, plain], repeats)
-            flops = trainer.model.flops_per_token(seq_len) * settings.total_batch_tokens
+            flops = trainer.model.flops_per_token(seq_len) * settings.data.total_batch_tokens
             trainer.close()
             rows.append(dict(model=model, dtype=dtype, compiled=compiled, loss=loss, micro_batch=micro_batch,
-                             grad_accum=grad_accum, tokens_per_step=settings.total_batch_tokens,
-                             tokens_per_s=settings.total_batch_tokens / trainer_s,
+                             grad_accum=grad_accum, tokens_per_step=settings.data.total_batch_tokens,
+                             tokens_per_s=settings.data.total_batch_tokens / trainer_s,
                              mfu=flops / trainer_s / peaks[dtype] if peaks[dtype] else None,
-                             plain_compiled=any(compiles), plain_tokens_per_s=settings.total_batch_tokens / plain_s,
+                             plain_compiled=any(compiles), plain_tokens_per_s=settings.data.total_batch_tokens / plain_s,
                              plain_mfu=flops / plain_s / peaks[dtype] if peaks[dtype] else None,
                              ratio_to_plain=plain_s / trainer_s))
             print_row(rows[-1], SPEED_COLUMNS)
@@ -540,9 +540,9 @@ def zero_worker(args):
             owned = [None, None]
             dist.all_gather_object(owned, engine_state_bytes(engine))
             planned = resident_model_state_bytes(trainer.model.num_params(), dtype, stage, 2,
-                                                 json.loads(Path(trainer.settings.ds_config).read_text()))
+                                                 json.loads(Path(trainer.settings.run.ds_config).read_text()))
             rows.append(dict(model=args.model, dtype=dtype, stage=stage, optimizer=type(engine.optimizer).__name__,
-                             step_s=seconds, tokens_per_step=trainer.settings.total_batch_tokens,
+                             step_s=seconds, tokens_per_step=trainer.settings.data.total_batch_tokens,
                              state_bytes_rank0=owned[0], state_bytes_rank1=owned[1], planned_bytes=planned))
             trainer.close()
     if dist.get_rank() == 0:

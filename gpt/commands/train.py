@@ -12,15 +12,15 @@ CHOICES = {"model": sorted(PRESETS), "loss": LOSS_CHOICES}
 
 def build_parser():
     parser = Parser(description="Pretrain GPT-2 with DeepSpeed.", error_status=2)
-    add_setting_arguments(parser, Settings, choices=CHOICES)
+    add_setting_arguments(parser, choices=CHOICES)
     return parser
 
 
 def add_model_arguments(parser):
     """The model's shape flags, as the trainer takes them."""
-    add_setting_arguments(parser, Settings, names=MODEL_FLAGS, choices=CHOICES)
+    add_setting_arguments(parser, names=MODEL_FLAGS, choices=CHOICES)
 
 
 def parse(argv=None):
     """The command line (sys.argv without argv) as Settings; a malformed flag exits 2 with one line."""
-    return Settings(**vars(build_parser().parse_args(argv)))
+    return Settings.from_flags(**vars(build_parser().parse_args(argv)))

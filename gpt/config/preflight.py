@@ -7,8 +7,9 @@ defaults that depend on the run (torch.compile, warmup, --micro_batch auto by th
 model's states fit the device at all, the checkpoint to resume from and how it loads, the disk space, HellaSwag.
 Bad input raises BadInput listing every problem it found, one per line; the trainer exits on it (gpt.console)."""
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from gpt.train import checkpoint, run_lock, universal
 from gpt.data import hellaswag
@@ -36,7 +37,7 @@ class Setup:
     auto_plan: dict | None = None  # --micro_batch auto's plan, which the trainer's probe checks on a GPU
     device: object = None  # the torch.device, once the process group exists (gpt.train.start.setup)
     lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/train/run_lock.py)
-    peak_flops: tuple = (None, None)  # (FLOP/s per device, label) that MFU is measured against, once the device is known
+    peak_flops: tuple = (None, None)  # (FLOP/s per device, its label) for MFU, once the device is known
 
     @property
     def precision(self):
@@ -47,26 +48,27 @@ class Setup:
 def preflight(settings, world_size, device_type):
     """Check everything that can be checked before launch, and decide what the settings left open; says the
     choices a user may not expect (rank 0). Raises BadInput. Writes nothing."""
-    checkpoint.check_writable(settings.out_dir, settings.data)
-    run_lock.check_unlocked(settings.out_dir)
-    if not settings.resume:
-        checkpoint.check_fresh_out_dir(settings.out_dir)  # again under the lock (gpt.train.trainer): this one writes nothing
-    resume_from = checkpoint.find_checkpoint(settings.resume, settings.out_dir) if settings.resume else None
+    checkpoint.check_writable(settings.run.out_dir, settings.data.dir)
+    run_lock.check_unlocked(settings.run.out_dir)
+    if not settings.checkpoint.resume:
+        checkpoint.check_fresh_out_dir(settings.run.out_dir)  # again under the lock (gpt.train.start); this writes nothing
+    resume = settings.checkpoint.resume
+    resume_from = checkpoint.find_checkpoint(resume, settings.run.out_dir) if resume else None
     saved = checkpoint.read_run_config(resume_from) if resume_from else None
     if saved:
-        checkpoint.check_init_from(resume_from, saved, settings.init_from)
-    if saved and settings.warmup_steps is None:  # the default depends on --max_steps, which a resume may raise
-        settings = replace(settings, warmup_steps=saved["args"]["warmup_steps"])
+        checkpoint.check_init_from(resume_from, saved, settings.checkpoint.init_from)
+    if saved and settings.optimizer.warmup_steps is None:  # its default depends on --max_steps, which a resume may raise
+        settings = settings.replace(warmup_steps=saved["args"]["warmup_steps"])
     settings, notes = resolve_defaults(settings, device_type)
     for note in notes:
         say0(note)
-    if (settings.micro_batch == "auto" and saved and saved["world_size"] == world_size
+    if (settings.data.micro_batch == "auto" and saved and saved["world_size"] == world_size
             and checkpoint.format_of(saved) < checkpoint.FORMAT):  # its data order depends on the micro-batch
-        settings = replace(settings, micro_batch=saved["args"]["micro_batch"])
-        say0(f"--micro_batch auto: {settings.micro_batch}, as the checkpoint was saved with (it is older than "
+        settings = settings.replace(micro_batch=saved["args"]["micro_batch"])
+        say0(f"--micro_batch auto: {settings.data.micro_batch}, as the checkpoint was saved with (it is older than "
              f"data positions that any micro-batch continues)")
     settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type)
-    for warning in unfinished_preparations(settings.data):
+    for warning in unfinished_preparations(settings.data.dir):
         say0(warning, sys.stderr)
     run_config = run_config_of(settings, ds_config, model_config, world_size)
     kind = None
@@ -79,11 +81,11 @@ def preflight(settings, world_size, device_type):
             if problem:
                 raise BadInput(problem)
             ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
-        checkpoint.check_same_data(resume_from, saved, run_config, settings.data, settings.reset_data_position)
-        checkpoint.check_resume_target(resume_from, settings.out_dir)
-        checkpoint.check_steps_left(resume_from, settings.max_steps)
-    checkpoint.check_space(settings.out_dir, resume_from)
-    examples = hellaswag.load(settings.hellaswag) if settings.hellaswag else []
+        checkpoint.check_same_data(resume_from, saved, run_config, settings.data.dir, settings.data.reset_data_position)
+        checkpoint.check_resume_target(resume_from, settings.run.out_dir)
+        checkpoint.check_steps_left(resume_from, settings.optimizer.max_steps)
+    checkpoint.check_space(settings.run.out_dir, resume_from)
+    examples = hellaswag.load(settings.evaluation.hellaswag) if settings.evaluation.hellaswag else []
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
                  run_config=run_config, resume_from=resume_from, resume_kind=kind, hellaswag_examples=examples,
                  auto_plan=auto_plan)
@@ -98,35 +100,38 @@ def check_settings(settings, world_size, device_type):
         raise BadInput("\n".join(problems))
     ds_config, problems = read_ds_config(settings, device_type)
     config = model_config(settings)
-    problems += config.problems(settings.seq_len, settings.model)
-    if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.hellaswag:
+    problems += config.problems(settings.data.seq_len, settings.model.preset)
+    if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.evaluation.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {config.vocab_size} < {GPT2_VOCAB_SIZE}")
-    if settings.max_steps < profiled_steps_needed(settings.profile):
-        problems.append(f"--profile {settings.profile} needs --max_steps >= {profiled_steps_needed(settings.profile)} "
-                        f"(1 skipped, 1 warm-up and {settings.profile} recorded steps); --max_steps is {settings.max_steps}")
-    if settings.warmup_steps < 0 or settings.warmup_steps > settings.max_steps:
-        problems.append(f"--warmup_steps {settings.warmup_steps} must lie in [0, --max_steps {settings.max_steps}]")
+    if settings.optimizer.max_steps < profiled_steps_needed(settings.run.profile):
+        problems.append(f"--profile {settings.run.profile} needs --max_steps >= "
+                        f"{profiled_steps_needed(settings.run.profile)} (1 skipped, 1 warm-up and {settings.run.profile} "
+                        f"recorded steps); --max_steps is {settings.optimizer.max_steps}")
+    if settings.optimizer.warmup_steps < 0 or settings.optimizer.warmup_steps > settings.optimizer.max_steps:
+        problems.append(f"--warmup_steps {settings.optimizer.warmup_steps} must lie in "
+                        f"[0, --max_steps {settings.optimizer.max_steps}]")
     auto_plan = None
-    if settings.micro_batch == "auto" and not problems:  # the plan needs a sound JSON and shape
+    if settings.data.micro_batch == "auto" and not problems:  # the plan needs a sound JSON and shape
         settings, auto_plan = plan_micro_batch(settings, config, ds_config, world_size, device_type)
     grad_accum = None
-    if settings.micro_batch != "auto":
+    if settings.data.micro_batch != "auto":
         try:
-            grad_accum = gradient_accumulation(settings, world_size)
+            grad_accum = gradient_accumulation(settings.data, world_size)
         except BadInput as e:
             problems.append(str(e))
-    if settings.reset_data_position and not settings.resume:
+    if settings.data.reset_data_position and not settings.checkpoint.resume:
         problems.append("--reset_data_position applies to --resume, which is not given")
-    if settings.init_from:
+    if settings.checkpoint.init_from:
         from gpt.train.hf import check_hf_matches  # transformers-free, but only --init_from needs it
         try:
-            check_hf_matches(settings.init_from, config)
+            check_hf_matches(settings.checkpoint.init_from, config)
         except BadInput as e:
             problems.append(str(e))
     try:
-        check_shards(settings.data, config.real_vocab_size)  # a padded id would have an infinite loss
+        check_shards(settings.data.dir, config.real_vocab_size)  # a padded id would have an infinite loss
         if grad_accum:
-            check_lengths(settings.data, settings.seq_len, settings.micro_batch * world_size, settings.val_every > 0)
+            check_lengths(settings.data.dir, settings.data.seq_len, settings.data.micro_batch * world_size,
+                          settings.evaluation.val_every > 0)
     except BadInput as e:
         problems.append(str(e))
     if problems:
@@ -145,16 +150,16 @@ def validate(settings, world_size, device_type="cpu"):
 def read_ds_config(settings, device_type):
     """(the DeepSpeed JSON, its problems for this run: one line each)."""
     try:
-        ds_config = dsc.load(settings.ds_config)
+        ds_config = dsc.load(settings.run.ds_config)
     except BadInput as e:
         return None, [str(e)]
-    problems = dsc.problems(ds_config, settings.ds_config) or dsc.output_problems(ds_config, settings.ds_config)
+    problems = dsc.problems(ds_config, settings.run.ds_config) or dsc.output_problems(ds_config, settings.run.ds_config)
     if problems:
         return ds_config, problems
-    if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.cpu_fp16:
-        problems.append(f"{settings.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+    if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:
+        problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                         f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
-    if settings.loss == "liger":
+    if settings.model.loss == "liger":
         problems += [p for p in [liger_problem(device_type, dsc.precision(ds_config))] if p]
     return ds_config, problems
 
@@ -162,60 +167,63 @@ def read_ds_config(settings, device_type):
 def plan_micro_batch(settings, config, ds_config, world_size, device_type):
     """--micro_batch auto: (the settings with the planner's micro-batch, the plan); says the plan (rank 0)."""
     try:
-        plan, text = auto_micro_batch(config, settings.seq_len, ds_config, world_size, settings.total_batch_tokens,
-                                      device_type, memory_kind(settings.loss))
+        plan, text = auto_micro_batch(config, settings.data.seq_len, ds_config, world_size,
+                                      settings.data.total_batch_tokens, device_type, memory_kind(settings.model.loss))
     except BadInput as e:
         raise BadInput(f"--micro_batch auto: {e}") from None
     say0(text)
-    return replace(settings, micro_batch=plan["micro_batch"]), plan
+    return settings.replace(micro_batch=plan["micro_batch"]), plan
 
 
 def model_config(settings):
     """The model's GPTConfig: the preset with the settings' overrides."""
-    return preset_config(settings.model, settings.n_layer, settings.n_embd, settings.n_head, settings.vocab_size)
+    model = settings.model
+    return preset_config(model.preset, model.n_layer, model.n_embd, model.n_head, model.vocab_size)
 
 
 def resolve_defaults(settings, device_type):
     """Fill the settings whose default depends on the run: torch.compile by device, the warmup by run
     length. Returns (the settings filled, one log line per choice a user may not expect)."""
-    notes, compile, warmup_steps = [], settings.compile, settings.warmup_steps
+    notes, compile, warmup_steps = [], settings.model.compile, settings.optimizer.warmup_steps
     if compile is None:
         compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
         if compile:
             notes.append("torch.compile on (the default with CUDA; --no-compile turns it off)")
     if warmup_steps is None:
         warmup_steps = GPT3_WARMUP_STEPS
-        if 0 < settings.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
-            warmup_steps = settings.max_steps // 10
-            notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.max_steps} is below the default "
-                         f"warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
-    return replace(settings, compile=compile, warmup_steps=warmup_steps), notes
+        if 0 < settings.optimizer.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
+            warmup_steps = settings.optimizer.max_steps // 10
+            notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.optimizer.max_steps} is below the "
+                         f"default warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
+    return settings.replace(compile=compile, warmup_steps=warmup_steps), notes
 
 
-def gradient_accumulation(settings, world_size):
-    tokens_per_micro_step = settings.micro_batch * settings.seq_len * world_size
-    if settings.total_batch_tokens % tokens_per_micro_step:
+def gradient_accumulation(data, world_size):
+    """The micro-steps per optimizer step for the data section's batch on world_size ranks."""
+    tokens_per_micro_step = data.micro_batch * data.seq_len * world_size
+    if data.total_batch_tokens % tokens_per_micro_step:
         raise BadInput(
-            f"--total_batch_tokens {settings.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
-            f"= {settings.micro_batch} x {settings.seq_len} x {world_size} = {tokens_per_micro_step}")
-    return settings.total_batch_tokens // tokens_per_micro_step
+            f"--total_batch_tokens {data.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
+            f"= {data.micro_batch} x {data.seq_len} x {world_size} = {tokens_per_micro_step}")
+    return data.total_batch_tokens // tokens_per_micro_step
 
 
 def number_problems(settings):
     """Every numeric flag finite and in range (gpt/config/settings.py's ranges), and the model's shape positive: one line
     each. (A NaN learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
-    problems = range_problems(settings, ranges(type(settings)))
-    if settings.val_every and 1 <= settings.val_tokens < settings.seq_len:
-        problems.append(f"--val_tokens {settings.val_tokens} is less than one sequence (--seq_len {settings.seq_len}); "
+    problems = range_problems(SimpleNamespace(**settings.flags()), ranges())
+    if settings.evaluation.val_every and 1 <= settings.evaluation.val_tokens < settings.data.seq_len:
+        problems.append(f"--val_tokens {settings.evaluation.val_tokens} is less than one sequence "
+                        f"(--seq_len {settings.data.seq_len}); "
                         f"turn validation off with --val_every 0")
-    if settings.micro_batch != "auto" and settings.micro_batch <= 0:
-        problems.append(f"--micro_batch must be positive or 'auto' (got {settings.micro_batch})")
-    if seed_problem("--seed", settings.seed):
-        problems.append(seed_problem("--seed", settings.seed))
-    if not 0 <= settings.min_lr_ratio <= 1:  # also NaN
-        problems.append(f"--min_lr_ratio {settings.min_lr_ratio} must lie in [0, 1]")
+    if settings.data.micro_batch != "auto" and settings.data.micro_batch <= 0:
+        problems.append(f"--micro_batch must be positive or 'auto' (got {settings.data.micro_batch})")
+    if seed_problem("--seed", settings.run.seed):
+        problems.append(seed_problem("--seed", settings.run.seed))
+    if not 0 <= settings.optimizer.min_lr_ratio <= 1:  # also NaN
+        problems.append(f"--min_lr_ratio {settings.optimizer.min_lr_ratio} must lie in [0, 1]")
     for name in ("n_layer", "n_embd", "n_head"):
-        value = getattr(settings, name)
+        value = getattr(settings.model, name)
         if value is not None and value <= 0:
             problems.append(f"--{name} must be positive (got {value})")
     return problems
@@ -223,11 +231,11 @@ def number_problems(settings):
 
 def model_flags(settings):
     """The flags that chose the model's shape, as given: '--model tiny --vocab_size 1000000000000'."""
-    given = [f"--{name} {getattr(settings, name)}" for name in ("n_layer", "n_embd", "n_head")
-             if getattr(settings, name) is not None]
-    if settings.vocab_size != PADDED_VOCAB_SIZE:
-        given.append(f"--vocab_size {settings.vocab_size}")
-    return " ".join([f"--model {settings.model}", *given])
+    given = [f"--{name} {getattr(settings.model, name)}" for name in ("n_layer", "n_embd", "n_head")
+             if getattr(settings.model, name) is not None]
+    if settings.model.vocab_size != PADDED_VOCAB_SIZE:
+        given.append(f"--vocab_size {settings.model.vocab_size}")
+    return " ".join([f"--model {settings.model.preset}", *given])
 
 
 def run_config_of(settings, ds_config, model_config, world_size):
@@ -235,4 +243,4 @@ def run_config_of(settings, ds_config, model_config, world_size):
     resume see, before launch, whether its data position still points into the same tokens."""
     return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": dsc.precision(ds_config),
             "zero_stage": dsc.zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
-            "data": fingerprints(find_shards(settings.data, "train"))}
+            "data": fingerprints(find_shards(settings.data.dir, "train"))}

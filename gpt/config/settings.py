@@ -1,10 +1,10 @@
-"""A training run's settings, each defined once: a field of Settings whose metadata holds its help text and the
-range it must lie in. The command line is generated from the fields (gpt/commands/train.py, with
+"""A training run's settings, each defined once: a field of one of Settings' sections, whose metadata holds its help
+text and the range it must lie in. The command line is generated from the fields (gpt/commands/train.py, with
 add_setting_arguments below), and the range check reads them (gpt/config/preflight.py). Imports nothing from the
 project, so that anything may read a run's settings without the trainer's dependencies."""
 import argparse
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
 GPT3_WARMUP_STEPS = 715  # 375M tokens of warmup (GPT-3 paper) at 0.5M tokens per step
@@ -18,15 +18,17 @@ MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600  # seconds; far beyond, datetime.timedelt
 MAX_SAMPLE_TOKENS = 4096  # 4x GPT-2's context; rank 0 samples while the other ranks wait for it at the next collective
 
 
-def setting(default, help, *, at_least=None, above=None, at_most=None, why=None, env=None, **argparse_options):
+def setting(default, help, *, at_least=None, above=None, at_most=None, why=None, env=None, flag=None,
+            **argparse_options):
     """A Settings field: its default (or the environment variable `env`, when set), help text and range (at_least
     or above a bound, optionally at_most with the reason), and argparse's options where the default's type does not
-    say enough (type, action, metavar)."""
+    say enough (type, action, metavar). flag: the command line's name, where it is not the field's."""
     bounds = None
     if at_least is not None or above is not None:
         bounds = (above if at_least is None else at_least, at_least is not None) + \
             ((at_most, why) if at_most is not None else ())
-    return field(default=default, metadata={"help": help, "range": bounds, "env": env, "argparse": argparse_options})
+    return field(default=default, metadata={"help": help, "range": bounds, "env": env, "flag": flag,
+                                            "argparse": argparse_options})
 
 
 def micro_batch_arg(text):
@@ -40,17 +42,28 @@ def micro_batch_arg(text):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """A run's settings, one field per flag. The three left open (None, 'auto') are filled before launch:
-    compile and warmup_steps by gpt.config.preflight.resolve_defaults, micro_batch 'auto' by the memory planner."""
-    ds_config: str = setting("ds_configs/zero1_bf16.json", "DeepSpeed JSON (ds_configs/)")
-    # The model's shape; gpt-plan takes these flags too. model: one of gpt.model.model.PRESETS (the parser's choices).
-    model: str = setting("d12", "size preset")
+class ModelSection:
+    """The network: its shape (gpt-plan takes these flags too), its loss kernel, torch.compile."""
+    # preset (--model): one of gpt.model.model.PRESETS (the parser's choices).
+    preset: str = setting("d12", "size preset", flag="model")
     n_layer: int | None = setting(None, "override the preset's layer count", type=int)
     n_embd: int | None = setting(None, "override the preset's width", type=int)
     n_head: int | None = setting(None, "override the preset's head count", type=int)
     vocab_size: int = setting(
         PADDED_VOCAB_SIZE, "GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
+    # loss: one of gpt.model.loss.LOSS_CHOICES (the parser's choices).
+    loss: str = setting(
+        "fused", "fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per "
+                 "sequence), with the device's fastest kernel; chunked / liger: that kernel (liger: CUDA bf16); "
+                 "classic: full fp32 logits")
+    compile: bool | None = setting(None, "torch.compile the model (default: on with CUDA, off on CPU)",
+                                   action=argparse.BooleanOptionalAction)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """What each step reads: the shards, the sequence length, the batch."""
+    dir: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards", flag="data")
     seq_len: int = setting(1024, "tokens per sequence (<= block_size)", at_least=1)
     micro_batch: int | str = setting(
         16, "sequences per rank per forward pass, or 'auto': the memory planner's choice for this device",
@@ -58,6 +71,14 @@ class Settings:
     total_batch_tokens: int = setting(
         GPT3_TOKENS_PER_STEP, "tokens per optimizer step over all ranks; sets gradient accumulation",
         at_least=1, at_most=MAX_TOTAL_BATCH_TOKENS, why="2**32, hours a step on any hardware")
+    reset_data_position: bool = setting(
+        False, "with --resume: continue from the start of the next epoch instead of the saved data position "
+               "(which is refused when the train shards, --seq_len or --seed changed since the save)")
+
+
+@dataclass(frozen=True)
+class OptimizerSection:
+    """AdamW's schedule and the spike guard: the GPT-3 warmup and cosine, weight decay, skipped updates."""
     max_steps: int = setting(19073, "optimizer steps (19073 x 0.5M = 10B tokens)",
                              at_least=1, at_most=MAX_STEPS, why="checkpoint names hold 8 digits")
     lr: float = setting(6e-4, "peak learning rate", above=0)
@@ -65,8 +86,28 @@ class Settings:
         None, f"linear warmup steps (default {GPT3_WARMUP_STEPS}, or max_steps // 10 for shorter runs)", type=int)
     min_lr_ratio: float = setting(0.1, "cosine decays to lr x this")
     weight_decay: float = setting(0.1, "on matrices and embeddings only", at_least=0)
-    data: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards")
-    out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/")
+    skip_loss_z: float = setting(
+        0.0, "skip the update when the loss is this many sigmas above the recent window (0: off)", at_least=0)
+    skip_grad_z: float = setting(
+        0.0, "skip the update when the grad norm is this many sigmas above the recent window (0: off)", at_least=0)
+    max_bad_steps: int = setting(5, "stop after this many skipped steps in a row", at_least=1)
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    """Where a run starts from and what it keeps: checkpoints, --resume, --init_from."""
+    save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)", at_least=0)
+    keep_last: int = setting(3, "keep the newest N checkpoints", at_least=1)
+    keep_every: int = setting(0, "also keep every checkpoint whose step is a multiple of N", at_least=0)
+    resume: str | None = setting(
+        None, "'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
+    init_from: str | None = setting(
+        None, "a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
+
+
+@dataclass(frozen=True)
+class EvaluationSection:
+    """What a run measures besides its loss: validation, HellaSwag, text samples."""
     val_every: int = setting(250, "validation loss every N steps (0: off)", at_least=0)
     val_tokens: int = setting(10 * 2**20, "validation set size: the first val_tokens // seq_len sequences of the "
                                           "val split", at_least=1)
@@ -76,29 +117,14 @@ class Settings:
     sample_every: int = setting(1000, "print samples every N steps (0: off)", at_least=0)
     sample_tokens: int = setting(64, "new tokens per sample", at_least=1, at_most=MAX_SAMPLE_TOKENS,
                                  why="rank 0 samples while the other ranks wait for it")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """The run as a whole: its DeepSpeed JSON, its directory, seed, determinism, profiling, ranks."""
+    ds_config: str = setting("ds_configs/zero1_bf16.json", "DeepSpeed JSON (ds_configs/)")
+    out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/")
     seed: int = setting(1337, None)
-    save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)", at_least=0)
-    keep_last: int = setting(3, "keep the newest N checkpoints", at_least=1)
-    keep_every: int = setting(0, "also keep every checkpoint whose step is a multiple of N", at_least=0)
-    resume: str | None = setting(
-        None, "'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
-    reset_data_position: bool = setting(
-        False, "with --resume: continue from the start of the next epoch instead of the saved data position "
-               "(which is refused when the train shards, --seq_len or --seed changed since the save)")
-    init_from: str | None = setting(
-        None, "a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
-    skip_loss_z: float = setting(
-        0.0, "skip the update when the loss is this many sigmas above the recent window (0: off)", at_least=0)
-    skip_grad_z: float = setting(
-        0.0, "skip the update when the grad norm is this many sigmas above the recent window (0: off)", at_least=0)
-    max_bad_steps: int = setting(5, "stop after this many skipped steps in a row", at_least=1)
-    compile: bool | None = setting(None, "torch.compile the model (default: on with CUDA, off on CPU)",
-                                   action=argparse.BooleanOptionalAction)
-    # loss: one of gpt.model.loss.LOSS_CHOICES (the parser's choices).
-    loss: str = setting(
-        "fused", "fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per "
-                 "sequence), with the device's fastest kernel; chunked / liger: that kernel (liger: CUDA bf16); "
-                 "classic: full fp32 logits")
     deterministic: bool = setting(
         False, "deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")
     profile: int = setting(
@@ -112,19 +138,65 @@ class Settings:
         above=0, at_most=MAX_COLLECTIVE_TIMEOUT, why="seconds: a week", metavar="SECONDS", type=float)
     local_rank: int = setting(0, "set by the deepspeed launcher", env="LOCAL_RANK")
 
+
+@dataclass(frozen=True)
+class Settings:
+    """A run's settings, in sections that each part of the trainer reads alone (the loader the data section, the
+    engine the optimizer's). The command line stays flat: one flag per field, named as the field (`--model` and
+    `--data`: model.preset and data.dir). The three left open (None, 'auto') are filled once before launch, by
+    gpt.config.preflight: model.compile and optimizer.warmup_steps, and data.micro_batch 'auto' by the planner."""
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    run: RunSection = field(default_factory=RunSection)
+
+    @classmethod
+    def from_flags(cls, **flags):
+        """The settings of a flat command line: flag name -> value (the flags not given keep their defaults)."""
+        by_section = {}
+        for flag, value in flags.items():
+            section, name = FLAGS[flag]
+            by_section.setdefault(section, {})[name] = value
+        return cls(**{section: section_class(**by_section.get(section, {}))
+                      for section, section_class in SECTIONS.items()})
+
+    def flags(self):
+        """flag name -> value, in the order of --help."""
+        return {flag: getattr(getattr(self, section), name) for flag, (section, name) in FLAGS.items()}
+
+    def replace(self, **flags):
+        """A copy with these flags changed."""
+        return Settings.from_flags(**{**self.flags(), **flags})
+
     def recorded(self):
-        """The settings as a checkpoint records them: all but the launcher's local rank."""
-        return {k: v for k, v in asdict(self).items() if k != "local_rank"}
+        """The settings as a checkpoint records them, flat: all but the launcher's local rank."""
+        return {k: v for k, v in self.flags().items() if k != "local_rank"}
 
 
-def ranges(settings_class=Settings):
-    """(name, least, whether least itself is allowed[, most, why]) of every setting with a range."""
-    return [(f.name, *f.metadata["range"]) for f in fields(settings_class) if f.metadata.get("range")]
+SECTIONS = {f.name: f.type for f in fields(Settings)}  # section -> its dataclass
+# The flags in the order of --help and of what a checkpoint records: the order they had before the sections.
+FLAG_ORDER = ("ds_config", "model", "n_layer", "n_embd", "n_head", "vocab_size", "seq_len", "micro_batch",
+              "total_batch_tokens", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "data", "out_dir",
+              "val_every", "val_tokens", "hellaswag", "eval_every", "sample_every", "sample_tokens", "seed",
+              "save_every", "keep_last", "keep_every", "resume", "reset_data_position", "init_from", "skip_loss_z",
+              "skip_grad_z", "max_bad_steps", "compile", "loss", "deterministic", "profile", "cpu_fp16",
+              "collective_timeout", "local_rank")
+FIELDS = {f.metadata["flag"] or f.name: (section, f)  # flag -> (section, its field)
+          for section, section_class in SECTIONS.items() for f in fields(section_class)}
+FLAGS = {flag: (FIELDS[flag][0], FIELDS[flag][1].name) for flag in FLAG_ORDER}  # flag -> (section, field name)
+assert FLAGS.keys() == FIELDS.keys(), "FLAG_ORDER names every setting once"
 
 
-def range_of(name, settings_class=Settings):
-    """One setting's (name, least, inclusive[, most, why]), for a tool that takes the same flag (gpt-plan)."""
-    return next(r for r in ranges(settings_class) if r[0] == name)
+def ranges():
+    """(flag, least, whether least itself is allowed[, most, why]) of every setting with a range."""
+    return [(flag, *FIELDS[flag][1].metadata["range"]) for flag in FLAGS if FIELDS[flag][1].metadata["range"]]
+
+
+def range_of(flag):
+    """One setting's (flag, least, inclusive[, most, why]), for a tool that takes the same flag (gpt-plan)."""
+    return next(r for r in ranges() if r[0] == flag)
 
 
 def current_default(f, environ=os.environ):
@@ -133,19 +205,19 @@ def current_default(f, environ=os.environ):
     return type(f.default)(environ[variable]) if variable and variable in environ else f.default
 
 
-def add_setting_arguments(parser, settings_class, names=None, choices=None):
-    """A flag per field of a settings dataclass (gpt/config/settings.py), or of the fields named: --<name> with the field's
-    default, help and argparse options; a bool defaulting to False is a switch. choices: name -> allowed values."""
-    for f in fields(settings_class):
-        if names is not None and f.name not in names:
+def add_setting_arguments(parser, names=None, choices=None):
+    """A flag per setting, or per setting named: --<flag> with the field's default, help and argparse options; a
+    bool defaulting to False is a switch. choices: flag -> allowed values."""
+    for flag, (_, f) in ((flag, FIELDS[flag]) for flag in FLAGS):
+        if names is not None and flag not in names:
             continue
         options = dict(f.metadata["argparse"])
         if f.metadata["help"] is not None:
             options["help"] = f.metadata["help"]
-        if f.name in (choices or {}):
-            options["choices"] = choices[f.name]
+        if flag in (choices or {}):
+            options["choices"] = choices[flag]
         if f.default is False and "action" not in options:
             options["action"] = "store_true"
         elif not ({"action", "type"} & options.keys()) and f.default is not None and not isinstance(f.default, str):
             options["type"] = type(f.default)
-        parser.add_argument(f"--{f.name}", default=current_default(f), **options)
+        parser.add_argument(f"--{flag}", default=current_default(f), **options)

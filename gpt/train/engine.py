@@ -83,9 +83,9 @@ class OptimizerSettings:
     min_lr_ratio: float
 
     @classmethod
-    def of(cls, settings):
-        """The optimizer's part of a run's Settings (gpt/config/settings.py)."""
-        return cls(settings.lr, settings.weight_decay, settings.warmup_steps, settings.max_steps, settings.min_lr_ratio)
+    def of(cls, section):
+        """From a run's optimizer section (gpt.config.settings.OptimizerSection), which also holds the guard's."""
+        return cls(section.lr, section.weight_decay, section.warmup_steps, section.max_steps, section.min_lr_ratio)
 
     def lr_factor(self, step):
         """The schedule as a multiplier of lr (LambdaLR's form)."""

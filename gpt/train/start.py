@@ -52,17 +52,17 @@ def setup(settings):
         warning = hardware.cpu_bf16_warning()
         if warning:
             say(warning, sys.stderr)
-    if settings.deterministic:
+    if settings.run.deterministic:
         hardware.make_deterministic(device_type)
-    device = dist.setup_distributed(allow_cpu_fp16=settings.cpu_fp16 and prepared.precision == "fp16",
-                                    timeout_s=settings.collective_timeout)
+    device = dist.setup_distributed(allow_cpu_fp16=settings.run.cpu_fp16 and prepared.precision == "fp16",
+                                    timeout_s=settings.run.collective_timeout)
     if launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
         if dist.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
             # Hard: the rank that hosted the group's store may be gone already, and tearing the group down then
             # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
             dist.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
             exit_with(refusal or "refused by rank 0", 2, hard=True)
-    torch.manual_seed(settings.seed)  # the same initial weights on every rank
+    torch.manual_seed(settings.run.seed)  # the same initial weights on every rank
     return replace(prepared, device=device, lock=lock, peak_flops=hardware.peak_flops(device.type, prepared.precision))
 
 
@@ -73,14 +73,14 @@ def lock_out_dir(settings, resume_from):
     if launched_rank() != 0:
         return None, None
     try:
-        lock = run_lock.acquire(settings.out_dir)
+        lock = run_lock.acquire(settings.run.out_dir)
     except BadInput as e:
         return None, e
     try:
-        if not settings.resume:
-            checkpoint.check_fresh_out_dir(settings.out_dir)
+        if not settings.checkpoint.resume:
+            checkpoint.check_fresh_out_dir(settings.run.out_dir)
         elif resume_from is not None:
-            checkpoint.check_resume_target(resume_from, settings.out_dir)
+            checkpoint.check_resume_target(resume_from, settings.run.out_dir)
     except BadInput as e:
         lock.close()
         return None, e
@@ -109,25 +109,25 @@ def new_engine(setup, micro_batch, grad_accum, initial_weights=True):
     --compile (gpt.model.wrap.wrap)."""
     settings = setup.settings
     model = GPT(setup.model_config)
-    if initial_weights and settings.init_from:
-        model.load_state_dict(load_hf_weights(settings.init_from, setup.model_config))
-        say0(f"initial weights from {settings.init_from}")
-    engine = initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(settings),
-                        settings.loss, settings.compile)
-    return engine, model, loss_label(settings.loss, setup.device.type, setup.precision)
+    if initial_weights and settings.checkpoint.init_from:
+        model.load_state_dict(load_hf_weights(settings.checkpoint.init_from, setup.model_config))
+        say0(f"initial weights from {settings.checkpoint.init_from}")
+    engine = initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(settings.optimizer),
+                        settings.model.loss, settings.model.compile)
+    return engine, model, loss_label(settings.model.loss, setup.device.type, setup.precision)
 
 
 def with_micro_batch(setup, micro_batch):
     """The setup at another micro-batch: its accumulation and run config follow."""
-    settings, world_size = replace(setup.settings, micro_batch=micro_batch), dist.world_size()
-    return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings, world_size),
+    settings, world_size = setup.settings.replace(micro_batch=micro_batch), dist.world_size()
+    return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings.data, world_size),
                    run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
 
 
 def forget_compiled_code(setup):
     """Drop torch.compile's graphs after steps at another micro-batch (a probe's, a first step that ran out of
     memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
-    if setup.settings.compile:
+    if setup.settings.model.compile:
         torch._dynamo.reset()
 
 
@@ -136,15 +136,16 @@ def probe(setup):
     run's (compiled when the run compiles), smaller sizes that divide the token budget tried on out-of-memory
     (gpt/memory/probe.py). Returns the setup at the largest that fits."""
     settings, plan, world_size = setup.settings, setup.auto_plan, dist.world_size()
-    candidates = dividing_sizes(settings.total_batch_tokens, settings.seq_len, world_size, plan["micro_batch"])
+    data = settings.data
+    candidates = dividing_sizes(data.total_batch_tokens, data.seq_len, world_size, plan["micro_batch"])
 
     def throwaway_engine(micro_batch):
         forget_compiled_code(setup)  # each size compiled for its static shape, as the run will be
         return new_engine(setup, micro_batch, 1, initial_weights=False)[0]
 
-    probed = probe_micro_batch(throwaway_engine, candidates, settings.seq_len, setup.model_config.vocab_size,
+    probed = probe_micro_batch(throwaway_engine, candidates, settings.data.seq_len, setup.model_config.vocab_size,
                                setup.device, log=say0)
-    torch.manual_seed(settings.seed)  # the probe drew random numbers: the same initial weights as without it
+    torch.manual_seed(settings.run.seed)  # the probe drew random numbers: the same initial weights as without it
     forget_compiled_code(setup)
     if probed is None:
         exit_with(f"--micro_batch auto: even micro-batch {candidates[0]} runs out of memory on this GPU; use ZeRO-2, "
@@ -159,14 +160,15 @@ def smaller_micro_batch(setup):
     """--micro_batch auto after its size ran out of memory in the run's first step on every rank: the setup at the
     next smaller size that divides the token budget, said in one line; exits when there is none."""
     settings = setup.settings
-    smaller = dividing_sizes(settings.total_batch_tokens, settings.seq_len, dist.world_size(), settings.micro_batch - 1)
+    data = settings.data
+    smaller = dividing_sizes(data.total_batch_tokens, data.seq_len, dist.world_size(), data.micro_batch - 1)
     if not smaller:
-        exit_with(f"--micro_batch auto: even micro-batch {settings.micro_batch} ran out of memory in the run's first "
+        exit_with(f"--micro_batch auto: even micro-batch {data.micro_batch} ran out of memory in the run's first "
                   f"step; use ZeRO-2, activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more "
                   f"GPUs", 1, every_rank=True)
-    say0(f"--micro_batch auto: micro-batch {settings.micro_batch} ran out of memory in the run's first step; "
+    say0(f"--micro_batch auto: micro-batch {settings.data.micro_batch} ran out of memory in the run's first step; "
          f"falling back to {smaller[-1]}")
-    torch.manual_seed(settings.seed)  # the same initial weights as a run started at that size
+    torch.manual_seed(settings.run.seed)  # the same initial weights as a run started at that size
     forget_compiled_code(setup)
     return with_micro_batch(setup, smaller[-1])
 

@@ -42,7 +42,7 @@ def train_or_exit(settings, stop):
     except StopTraining as e:
         exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", 1)
     except OSError as e:  # metrics.jsonl, TensorBoard's events
-        problem = write_problem(e.filename or settings.out_dir, e) if e.errno else None
+        problem = write_problem(e.filename or settings.run.out_dir, e) if e.errno else None
         if problem is None:
             raise
         exit_with(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings)}", 1, every_rank=True)
@@ -80,8 +80,8 @@ def fit_at_a_size_that_fits(prepared, stop):
 
 
 def last_good_checkpoint(settings):
-    tags = checkpoint.complete_tags(checkpoint.checkpoint_dir(settings.out_dir))
-    return checkpoint.checkpoint_dir(settings.out_dir) / tags[-1] if tags else "none"
+    tags = checkpoint.complete_tags(checkpoint.checkpoint_dir(settings.run.out_dir))
+    return checkpoint.checkpoint_dir(settings.run.out_dir) / tags[-1] if tags else "none"
 
 
 class StopTraining(Exception):
@@ -113,35 +113,36 @@ class Trainer:
 
     def __init__(self, setup):
         settings = self.settings = setup.settings
-        self.engine, self.model, loss_label = start.new_engine(setup, settings.micro_batch, setup.grad_accum)
+        data, evaluation, optimizer = settings.data, settings.evaluation, settings.optimizer
+        self.engine, self.model, loss_label = start.new_engine(setup, data.micro_batch, setup.grad_accum)
         self.device, self.grad_accum, self.run_config = setup.device, setup.grad_accum, setup.run_config
         self.hellaswag_examples = setup.hellaswag_examples
         rank, self.world_size = dist.rank(), dist.world_size()
         self.train_loader = ShuffledTokenLoader(
-            find_shards(settings.data, "train"), settings.micro_batch, settings.seq_len, rank, self.world_size,
-            seed=settings.seed, windows_per_batch=settings.total_batch_tokens // settings.seq_len,
+            find_shards(data.dir, "train"), data.micro_batch, data.seq_len, rank, self.world_size,
+            seed=settings.run.seed, windows_per_batch=data.total_batch_tokens // data.seq_len,
             pin_memory=self.device.type == "cuda")
-        self.val_set = ValidationSet(find_shards(settings.data, "val"), settings.seq_len,
-                                     settings.val_tokens // settings.seq_len, settings.micro_batch, rank,
-                                     self.world_size) if settings.val_every else None  # None: --val_every 0
-        self.guard = ds_engine.SpikeGuard(settings.skip_loss_z, settings.skip_grad_z,
-                                          max_bad_steps=settings.max_bad_steps, fp16=setup.precision == "fp16")
+        self.val_set = ValidationSet(find_shards(data.dir, "val"), data.seq_len,
+                                     evaluation.val_tokens // data.seq_len, data.micro_batch, rank,
+                                     self.world_size) if evaluation.val_every else None  # None: --val_every 0
+        self.guard = ds_engine.SpikeGuard(optimizer.skip_loss_z, optimizer.skip_grad_z,
+                                          max_bad_steps=optimizer.max_bad_steps, fp16=setup.precision == "fp16")
         self.guard_active = ds_engine.install_grad_norm_hook(self.engine, self.guard)  # False: no skip path (ZeRO 0)
         self.peak_flops, peak_label = setup.peak_flops
-        self.flops_per_step = self.model.flops_per_token(settings.seq_len) * settings.total_batch_tokens
-        loss_label = f"{settings.loss} ({loss_label})"
-        self.logger = MetricsLogger(settings.out_dir, enabled=rank == 0, settings=setup.run_config,
+        self.flops_per_step = self.model.flops_per_token(data.seq_len) * data.total_batch_tokens
+        loss_label = f"{settings.model.loss} ({loss_label})"
+        self.logger = MetricsLogger(settings.run.out_dir, enabled=rank == 0, settings=setup.run_config,
                                     hparams=hparams_of(setup.run_config, setup.grad_accum, loss_label))
-        self.progress = Progress(settings.max_steps)  # the console's step N/M and ETA
-        say0(f"model {settings.model}: {self.model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
+        self.progress = Progress(optimizer.max_steps)  # the console's step N/M and ETA
+        say0(f"model {settings.model.preset}: {self.model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
         say0(f"{setup.precision}, ZeRO {self.engine.zero_optimization_stage()}, "
              f"{type(self.engine.optimizer).__name__} over {type(self.engine.basic_optimizer).__name__}, "
-             f"{self.world_size} rank(s) x micro_batch {settings.micro_batch} x seq_len {settings.seq_len} x grad_accum "
-             f"{setup.grad_accum} = {settings.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
+             f"{self.world_size} rank(s) x micro_batch {data.micro_batch} x seq_len {data.seq_len} x grad_accum "
+             f"{setup.grad_accum} = {data.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
         say0(f"loss: {loss_label}")
-        say0(f"data {settings.data}: {len(self.train_loader.shards)} train shard(s), "
+        say0(f"data {data.dir}: {len(self.train_loader.shards)} train shard(s), "
              f"{sum(self.train_loader.batches_per_shard):,} steps/epoch; "
-             + (f"validation on {len(self.val_set)} sequences of {settings.seq_len} tokens" if self.val_set
+             + (f"validation on {len(self.val_set)} sequences of {data.seq_len} tokens" if self.val_set
                 else "no validation"))
 
     # -- the run: resume, fit ------------------------------------------------------------------------------------
@@ -152,9 +153,9 @@ class Trainer:
         stage: all but the RNG. 'weights': the weights only (a checkpoint too old to convert)."""
         settings, engine = self.settings, self.engine
         if path is None:
-            if settings.resume:
-                say0(f"--resume {settings.resume}: no checkpoint in {checkpoint.checkpoint_dir(settings.out_dir)}; "
-                     f"fresh start")
+            if settings.checkpoint.resume:
+                say0(f"--resume {settings.checkpoint.resume}: no checkpoint in "
+                     f"{checkpoint.checkpoint_dir(settings.run.out_dir)}; fresh start")
             return 0
         saved = checkpoint.read_run_config(path)
         if kind == "universal":
@@ -165,7 +166,7 @@ class Trainer:
         if kind != "weights":
             ds_engine.replay_adam_step_count(engine)  # bit-exact on CPU also from the first resumed step
         if engine.global_rank == 0:
-            checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.out_dir))
+            checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.run.out_dir))
         step = state["step"] + 1
         position = self._resume_data(path, state["loader"])
         if rng_problem:
@@ -189,8 +190,8 @@ class Trainer:
                       f"({layout}: the random states were per rank)")
         say0(f"resumed from {path} at step {step}: {loaded}")
         self._schedule_changes(saved["args"], engine.lr_scheduler.last_epoch)
-        if saved["args"]["total_batch_tokens"] != settings.total_batch_tokens:
-            say0(f"--total_batch_tokens {settings.total_batch_tokens:,} (the checkpoint's run had "
+        if saved["args"]["total_batch_tokens"] != settings.data.total_batch_tokens:
+            say0(f"--total_batch_tokens {settings.data.total_batch_tokens:,} (the checkpoint's run had "
                  f"{saved['args']['total_batch_tokens']:,}): grad_accum {self.grad_accum} from here on")
         return step
 
@@ -199,9 +200,9 @@ class Trainer:
         FirstStepOutOfMemory."""
         settings = self.settings
         stop.started()  # from here a stop finishes the step and saves
-        profiler = step_profiler(settings.profile, settings.out_dir, self.device.type, self.engine.global_rank)
-        for step in range(start_step, settings.max_steps):
-            last = step == settings.max_steps - 1
+        profiler = step_profiler(settings.run.profile, settings.run.out_dir, self.device.type, self.engine.global_rank)
+        for step in range(start_step, settings.optimizer.max_steps):
+            last = step == settings.optimizer.max_steps - 1
             if auto and step == start_step:
                 try:
                     self._first_step(step)
@@ -213,7 +214,8 @@ class Trainer:
             profiler.step()
             self.evaluate(step, last)
             stopping = stop.agreed(self.device)
-            if last or stopping or (settings.save_every and (step + 1) % settings.save_every == 0):
+            save_every = settings.checkpoint.save_every
+            if last or stopping or (save_every and (step + 1) % save_every == 0):
                 self.save(step)
             if stopping:
                 say0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
@@ -236,18 +238,18 @@ class Trainer:
     def evaluate(self, step, last=False):
         """What --val_every, --eval_every and --sample_every ask for at this step (all of it when last): the
         validation loss, HellaSwag, a text sample (rank 0)."""
-        settings = self.settings
-        if settings.val_every and (step % settings.val_every == 0 or last):
+        evaluation = self.settings.evaluation  # this step's part of the settings
+        if evaluation.val_every and (step % evaluation.val_every == 0 or last):
             val = validation_loss(self.engine, self.val_set, self.device)
             self.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
-        if self.hellaswag_examples and (step % settings.eval_every == 0 or last):
+        if self.hellaswag_examples and (step % evaluation.eval_every == 0 or last):
             scores = hellaswag.evaluate(self.engine, self.hellaswag_examples, self.device, self.model.config.block_size,
-                                        settings.micro_batch, progress=True)
+                                        self.settings.data.micro_batch, progress=True)
             self.logger.log(step, {"hellaswag/acc_norm": scores["acc_norm"], "hellaswag/acc": scores["acc"]},
                             console=f"step {step:5d} | hellaswag acc_norm {scores['acc_norm']:.4f} "
                                     f"acc {scores['acc']:.4f} ({scores['examples']} examples)")
-        if settings.sample_every and (step % settings.sample_every == 0 or last) and self.engine.global_rank == 0:
-            text = sample_text(self.model, settings.sample_tokens, settings.seed + self.engine.global_rank,
+        if evaluation.sample_every and (step % evaluation.sample_every == 0 or last) and self.engine.global_rank == 0:
+            text = sample_text(self.model, evaluation.sample_tokens, self.settings.run.seed + self.engine.global_rank,
                                self.device)  # its own generator: the training RNG untouched
             say(f"[rank {self.engine.global_rank}] sample at step {step}: {text!r}")
             self.logger.text("samples", text, step)
@@ -258,14 +260,14 @@ class Trainer:
         settings = self.settings
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):  # the same on every rank
             raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved")
-        client_state = {"step": step, "tokens": (step + 1) * settings.total_batch_tokens,
+        client_state = {"step": step, "tokens": (step + 1) * settings.data.total_batch_tokens,
                         "loader": self.train_loader.state_dict()}
         began = time.perf_counter()
         try:
-            path = checkpoint.save(self.engine, settings.out_dir, step, client_state, self.run_config,
-                                   settings.keep_last, settings.keep_every)
+            path = checkpoint.save(self.engine, settings.run.out_dir, step, client_state, self.run_config,
+                                   settings.checkpoint.keep_last, settings.checkpoint.keep_every)
         except (OSError, RuntimeError) as e:  # RuntimeError: DeepSpeed's and torch's C++ writers
-            problem = write_problem(checkpoint.checkpoint_dir(settings.out_dir) / checkpoint.tag_for(step), e)
+            problem = write_problem(checkpoint.checkpoint_dir(settings.run.out_dir) / checkpoint.tag_for(step), e)
             if problem is None:
                 raise
             raise DiskProblem(f"{problem}; that checkpoint is incomplete and will not be loaded") from None
@@ -302,9 +304,9 @@ class Trainer:
     def _log_step(self, step, lr, loss, skipped, seconds):
         """The step's metrics (gpt.train.metrics.step_metrics) to console, TensorBoard and metrics.jsonl."""
         metrics = step_metrics(self.engine, loss=loss, lr=lr, seconds=seconds, skipped=skipped,
-                               guard_skips=self.guard.skipped, tokens=self.settings.total_batch_tokens,
+                               guard_skips=self.guard.skipped, tokens=self.settings.data.total_batch_tokens,
                                flops=self.flops_per_step, peak_flops=self.peak_flops, world_size=self.world_size)
-        self.logger.log(step, metrics, console=f"step {step:5d}/{self.settings.max_steps} | " + " | ".join(
+        self.logger.log(step, metrics, console=f"step {step:5d}/{self.settings.optimizer.max_steps} | " + " | ".join(
             [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
             + [self.progress.step_ended(step, seconds)]))
 
@@ -337,7 +339,7 @@ class Trainer:
         """Put the loader where the checkpoint's run would have read next (gpt/data/shards.py: on any world size and
         micro-batch), or with --reset_data_position at the next epoch's start; says which."""
         loader = self.train_loader
-        if self.settings.reset_data_position:  # the start of the epoch after the saved one, whatever the shards now
+        if self.settings.data.reset_data_position:  # the next epoch's start, whatever the shards now
             loader.load_state_dict({**loader.state_dict(), "epoch": saved["epoch"] + 1, "batch": 0})
             return f"data from the start of epoch {saved['epoch'] + 1} (--reset_data_position)"
         try:
@@ -351,7 +353,7 @@ class Trainer:
     def _set_schedule_position(self, position):
         """The lr schedule of this run's flags, at `position` (its count of updates taken)."""
         scheduler = self.engine.lr_scheduler
-        scheduler.base_lrs = [self.settings.lr] * len(scheduler.base_lrs)  # a loaded state brings the saved --lr
+        scheduler.base_lrs = [self.settings.optimizer.lr] * len(scheduler.base_lrs)  # a loaded state has the saved lr
         scheduler.last_epoch = position - 1
         scheduler.step()
 
@@ -361,11 +363,12 @@ class Trainer:
         cosine to end at step 20, instead of keeping the saved lr for one step and then jumping. Said in one line.
         `position`: the loaded scheduler's count of updates (behind the step by the updates skipped)."""
         settings = self.settings
-        changed = [f"--{flag} {getattr(settings, flag)} (the checkpoint's run had {saved_args[flag]})"
-                   for flag in self.SCHEDULE_FLAGS if saved_args[flag] != getattr(settings, flag)]
+        changed = [f"--{flag} {getattr(settings.optimizer, flag)} (the checkpoint's run had {saved_args[flag]})"
+                   for flag in self.SCHEDULE_FLAGS if saved_args[flag] != getattr(settings.optimizer, flag)]
         if not changed:
             return
         self._set_schedule_position(position)
         was = ds_engine.lr_at(position, *(saved_args[flag] for flag in self.SCHEDULE_FLAGS))
         say0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on, its cosine decay ending at "
-             f"step {settings.max_steps}; lr at step {position} is {self.engine.get_lr()[0]:.4g} (was {was:.4g})")
+             f"step {settings.optimizer.max_steps}; lr at step {position} is {self.engine.get_lr()[0]:.4g} "
+             f"(was {was:.4g})")

@@ -28,7 +28,7 @@ def main(argv=None):
         loss_fn, label = real_fused_loss(device_type, precision, kernel)
 
         def limited(hidden, weight, targets, vocab):
-            if hidden.shape[0] > limit * settings.seq_len:
+            if hidden.shape[0] > limit * settings.data.seq_len:
                 raise torch.OutOfMemoryError(f"simulated: over {limit} sequences")
             return loss_fn(hidden, weight, targets, vocab)
         return limited, label
@@ -36,16 +36,16 @@ def main(argv=None):
     losses.fused_loss = limited_fused_loss  # what gpt.model.wrap.wrap calls
     try:
         prepared = start.setup(settings)
-        planned = prepared.settings.micro_batch
+        planned = prepared.settings.data.micro_batch
         run = Trainer(start.probe(prepared))
     finally:
         losses.fused_loss = real_fused_loss  # for the runs after this one in the same process
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(settings.run.seed)
     unprobed_weights = GPT(prepared.model_config).state_dict()
     same_init = all(torch.equal(unprobed_weights[k], v) for k, v in run.model.state_dict().items())
     loss = run.step(0)
     rank = run.engine.global_rank
-    (Path(settings.out_dir) / f"probe_rank{rank}.json").write_text(json.dumps({"rank": rank, "planned": planned, "micro_batch": run.settings.micro_batch,
+    (Path(settings.run.out_dir) / f"probe_rank{rank}.json").write_text(json.dumps({"rank": rank, "planned": planned, "micro_batch": run.settings.data.micro_batch,
                       "grad_accum": run.grad_accum, "engine_micro_batch": run.engine.train_micro_batch_size_per_gpu(),
                       "same_init": same_init, "loss": loss}))
 

@@ -684,7 +684,7 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
     from gpt.config import ds_config as dsc
     from gpt.train import start, trainer
     settings = parse(["--model", "tiny", "--vocab_size", "1000000", "--ds_config", "ds_configs/zero2_fp32.json"])
-    prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.ds_config), lock=None, grad_accum=1,
+    prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.run.ds_config), lock=None, grad_accum=1,
                                model_config=model_config(settings))
     monkeypatch.setattr(start, "prepare", lambda settings: prepared)
 

@@ -106,10 +106,9 @@ def test_two_concurrent_two_rank_launches(tmp_path, shakespeare_dir):
 def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     """Two fresh runs that both checked an empty out_dir before either took the lock: the one that takes it
     second finds the first one's files (or the first one still holding it), and is refused."""
-    from types import SimpleNamespace
-
+    from gpt.config.settings import Settings
     from gpt.train.start import lock_out_dir
-    settings = SimpleNamespace(out_dir=str(tmp_path / "out"), resume=None)
+    settings = Settings().replace(out_dir=str(tmp_path / "out"), resume=None)
     first, refusal = lock_out_dir(settings, None)
     assert refusal is None
     (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
@@ -118,7 +117,7 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     first.close()  # the first run ended
     lock, refusal = lock_out_dir(settings, None)
     assert lock is None and isinstance(refusal, BadInput) and "holds an earlier run" in str(refusal)
-    run_lock.acquire(settings.out_dir).close()  # the refused run let go of the lock
+    run_lock.acquire(settings.run.out_dir).close()  # the refused run let go of the lock
 
 
 def test_a_file_system_without_locks_is_said_and_trains_unguarded(tmp_path, monkeypatch, capsys):

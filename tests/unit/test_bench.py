@@ -17,13 +17,13 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
     runs = []
 
     def throughput(settings, repeats):
-        runs.append((settings.loss, settings.micro_batch, settings.total_batch_tokens))
-        if settings.loss == "classic" and settings.micro_batch >= 64:
+        runs.append((settings.model.loss, settings.data.micro_batch, settings.data.total_batch_tokens))
+        if settings.model.loss == "classic" and settings.data.micro_batch >= 64:
             return dict(tokens_per_s=None, note="out of memory")
-        return dict(tokens_per_s={"classic": 100.0, "chunked": 90.0}[settings.loss] + settings.micro_batch / 16,
-                    peak_rss_gib=settings.micro_batch / 4)
+        return dict(tokens_per_s={"classic": 100.0, "chunked": 90.0}[settings.model.loss] + settings.data.micro_batch / 16,
+                    peak_rss_gib=settings.data.micro_batch / 4)
     monkeypatch.setattr(bench, "trainer_throughput", throughput)
-    monkeypatch.setattr(bench, "auto_micro_batch", lambda settings: {"classic": 128, "chunked": 256}[settings.loss])
+    monkeypatch.setattr(bench, "auto_micro_batch", lambda settings: {"classic": 128, "chunked": 256}[settings.model.loss])
     rows, verdict = bench.measure_loss(tmp_path, tmp_path, "fp32", "d12", 1024, sequences=512, micro_batch=64,
                                        sweep_from=32, compile=True, repeats=1)
     assert runs == [("classic", 32, 524288), ("classic", 64, 524288), ("chunked", 64, 524288),

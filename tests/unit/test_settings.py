@@ -13,23 +13,35 @@ from gpt.config.settings import Settings, ranges
 def test_every_setting_is_a_flag_with_the_fields_default(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     flags = {action.dest for action in build_parser()._actions} - {"help"}
-    assert flags == {f.name for f in dataclasses.fields(Settings)}
+    assert flags == set(Settings().flags())
     assert parse([]) == Settings()
+
+
+def test_the_command_line_is_flat_and_the_settings_are_in_sections():
+    """Each flag lands in its section (--model and --data as model.preset and data.dir), and what a checkpoint
+    records is the flat command line again, in the order of --help."""
+    settings = parse(["--model", "tiny", "--data", "shards", "--lr", "0.001", "--val_every", "0", "--seed", "7"])
+    assert (settings.model.preset, settings.data.dir, settings.optimizer.lr, settings.evaluation.val_every,
+            settings.run.seed) == ("tiny", "shards", 0.001, 0, 7)
+    recorded = settings.recorded()
+    assert list(recorded) == [a.dest for a in build_parser()._actions if a.dest not in ("help", "local_rank")]
+    assert Settings.from_flags(**recorded, local_rank=settings.run.local_rank) == settings
+    assert settings.replace(lr=0.002).optimizer == dataclasses.replace(settings.optimizer, lr=0.002)
 
 
 def test_the_launchers_local_rank_is_the_default(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert parse([]).local_rank == 3
+    assert parse([]).run.local_rank == 3
 
 
 def test_the_settings_vocabulary_is_the_models_padded_one():
-    assert Settings().vocab_size == PADDED_VOCAB_SIZE  # gpt/config/settings.py may not import gpt.model.model
+    assert Settings().model.vocab_size == PADDED_VOCAB_SIZE  # gpt/config/settings.py may not import gpt.model.model
 
 
 def test_the_parser_takes_its_choices_and_switches_from_the_fields():
     settings = parse(["--model", "tiny", "--no-compile", "--deterministic", "--micro_batch", "auto"])
-    assert (settings.model, settings.compile, settings.deterministic, settings.micro_batch) == ("tiny", False, True,
-                                                                                                "auto")
+    assert (settings.model.preset, settings.model.compile, settings.run.deterministic,
+            settings.data.micro_batch) == ("tiny", False, True, "auto")
     assert sorted(build_parser()._option_string_actions["--model"].choices) == sorted(PRESETS)
 
 
@@ -38,10 +50,10 @@ def test_each_fields_range_is_checked(bounds):
     """Just outside each field's range is one problem naming the flag, and so is twice its upper bound."""
     name, least, inclusive, *upper = bounds
     outside = least - 1 if inclusive else least
-    assert [p for p in number_problems(dataclasses.replace(Settings(), **{name: outside}))
+    assert [p for p in number_problems(Settings().replace(**{name: outside}))
             if p.startswith(f"--{name} ")] == [f"--{name} {outside} must be a finite number "
                                                f"{'>=' if inclusive else '>'} {least}"]
     if upper:
         above = upper[0] * 2
         assert f"--{name} {above} must be at most {upper[0]} ({upper[1]})" in number_problems(
-            dataclasses.replace(Settings(), **{name: above}))
+            Settings().replace(**{name: above}))
