@@ -57,16 +57,9 @@ def preflight(settings, world_size, device_type):
     saved = checkpoint.read_run_config(resume_from) if resume_from else None
     if saved:
         checkpoint.check_init_from(resume_from, saved, settings.checkpoint.init_from)
-    if saved and settings.optimizer.warmup_steps is None:  # its default depends on --max_steps, which a resume may raise
-        settings = settings.replace(warmup_steps=saved["args"]["warmup_steps"])
-    settings, notes = resolve_defaults(settings, device_type)
+    settings, notes = resolve_defaults(settings, device_type, saved, world_size)
     for note in notes:
         say0(note)
-    if (settings.data.micro_batch == "auto" and saved and saved["world_size"] == world_size
-            and checkpoint.format_of(saved) < checkpoint.FORMAT):  # its data order depends on the micro-batch
-        settings = settings.replace(micro_batch=saved["args"]["micro_batch"])
-        say0(f"--micro_batch auto: {settings.data.micro_batch}, as the checkpoint was saved with (it is older than "
-             f"data positions that any micro-batch continues)")
     settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type)
     for warning in unfinished_preparations(settings.data.dir):
         say0(warning, sys.stderr)
@@ -181,21 +174,32 @@ def model_config(settings):
     return preset_config(model.preset, model.n_layer, model.n_embd, model.n_head, model.vocab_size)
 
 
-def resolve_defaults(settings, device_type):
-    """Fill the settings whose default depends on the run: torch.compile by device, the warmup by run
-    length. Returns (the settings filled, one log line per choice a user may not expect)."""
+def resolve_defaults(settings, device_type, saved=None, world_size=1):
+    """Fill, in one step, what the flags left open and the run decides: torch.compile by device; the warmup by
+    run length, or as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on
+    --max_steps, which a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same
+    world size (before FORMAT 2 its data order depended on the micro-batch; else the planner decides, later).
+    Returns (the settings filled, one log line per choice a user may not expect)."""
     notes, compile, warmup_steps = [], settings.model.compile, settings.optimizer.warmup_steps
+    micro_batch = settings.data.micro_batch
     if compile is None:
         compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
         if compile:
             notes.append("torch.compile on (the default with CUDA; --no-compile turns it off)")
+    if warmup_steps is None and saved:
+        warmup_steps = saved["args"]["warmup_steps"]
     if warmup_steps is None:
         warmup_steps = GPT3_WARMUP_STEPS
         if 0 < settings.optimizer.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
             warmup_steps = settings.optimizer.max_steps // 10
             notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.optimizer.max_steps} is below the "
                          f"default warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
-    return settings.replace(compile=compile, warmup_steps=warmup_steps), notes
+    if (micro_batch == "auto" and saved and saved["world_size"] == world_size
+            and checkpoint.format_of(saved) < checkpoint.FORMAT):
+        micro_batch = saved["args"]["micro_batch"]
+        notes.append(f"--micro_batch auto: {micro_batch}, as the checkpoint was saved with (it is older than "
+                     f"data positions that any micro-batch continues)")
+    return settings.replace(compile=compile, warmup_steps=warmup_steps, micro_batch=micro_batch), notes
 
 
 def gradient_accumulation(data, world_size):

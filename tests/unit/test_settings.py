@@ -57,3 +57,18 @@ def test_each_fields_range_is_checked(bounds):
         above = upper[0] * 2
         assert f"--{name} {above} must be at most {upper[0]} ({upper[1]})" in number_problems(
             Settings().replace(**{name: above}))
+
+
+def test_what_the_flags_leave_open_is_resolved_in_one_step():
+    """compile by device, the warmup as the resumed checkpoint's run had it (its default depends on --max_steps),
+    and --micro_batch auto as a checkpoint from before data positions (format 1) was saved, on its world size only;
+    a newer checkpoint leaves auto to the planner."""
+    from gpt.config.preflight import resolve_defaults
+    old = {"world_size": 2, "args": {"warmup_steps": 7, "micro_batch": 4}}  # format 1: no "format" recorded
+    settings, notes = resolve_defaults(parse(["--micro_batch", "auto", "--max_steps", "80"]), "cpu", old, 2)
+    assert (settings.model.compile, settings.optimizer.warmup_steps, settings.data.micro_batch) == (False, 7, 4)
+    assert notes == ["--micro_batch auto: 4, as the checkpoint was saved with (it is older than data positions "
+                     "that any micro-batch continues)"]
+    assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", old, 1)[0].data.micro_batch == "auto"
+    assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", {**old, "format": 2}, 2)[0].data.micro_batch == "auto"
+    assert resolve_defaults(parse(["--warmup_steps", "3"]), "cpu", old, 2)[0].optimizer.warmup_steps == 3
