@@ -36,9 +36,9 @@ def build_parser():
                    help="train on this machine's GPU to find the largest micro-batch that fits, next to the plan "
                         "(gpt/memory/measure.py)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --measure: each size's steps compiled as the trainer runs them on CUDA (default; a "
-                        "compile per size, so only sizes dividing --total_batch_tokens are tried); --no-compile: "
-                        "eager, every size, the exact largest")
+                   help="the step planned (and with --measure, run) compiled as the trainer runs it on CUDA (default; "
+                        "--measure compiles per size, so it tries only sizes dividing --total_batch_tokens); "
+                        "--no-compile: eager (--measure: every size, the exact largest)")
     p.add_argument("--all", action="store_true",
                    help="with --measure: every ds_configs/*.json whose precision this GPU has")
     p.add_argument("--json", action="store_true", help="print JSON: one object per plan (a list for several), or "
@@ -103,7 +103,8 @@ def main(argv=None):
     device_bytes = args.gpu_mem * GiB if args.gpu_mem is not None else GPUS[args.gpu]
     try:
         plans = [make_plan(config, args.seq_len, dsc.load_checked(path), args.world_size, device_bytes,
-                           args.total_batch_tokens, loss, allocator) for path in args.ds_config for loss in args.loss]
+                           args.total_batch_tokens, loss, allocator, compiled=args.compile)
+                 for path in args.ds_config for loss in args.loss]
     except BadInput as e:
         exit_with(e)
     if args.json:
@@ -121,7 +122,7 @@ def measure_main(args, config):
     def plan_for(ds_config, loss, allocator, device_bytes):
         try:
             return make_plan(config, args.seq_len, ds_config, 1, device_bytes, args.total_batch_tokens, loss,
-                             allocator)
+                             allocator, compiled=args.compile)
         except BadInput:  # not even micro-batch 1 planned to fit: the search starts at 1
             return None
 

@@ -161,7 +161,8 @@ def plan_micro_batch(settings, config, ds_config, world_size, device_type):
     """--micro_batch auto: (the settings with the planner's micro-batch, the plan); says the plan (rank 0)."""
     try:
         plan, text = auto_micro_batch(config, settings.data.seq_len, ds_config, world_size,
-                                      settings.data.total_batch_tokens, device_type, memory_kind(settings.model.loss))
+                                      settings.data.total_batch_tokens, device_type, memory_kind(settings.model.loss),
+                                      settings.model.compile)
     except BadInput as e:
         raise BadInput(f"--micro_batch auto: {e}") from None
     say0(text)

@@ -52,6 +52,14 @@ CONTEXT_RESERVE = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspaces: outs
 # most 1% with expandable segments but for a first step (8%), so 3% (fitting 76, not 80). On CPU: glibc's heap.
 ALLOCATOR_OVERHEAD = {"default": 0.20, "expandable_segments": 0.03, "cpu": 0.05}
 MAX_MICRO_BATCH = 4096
+# A CUDA step's per-token bytes over what the CPU profile below predicts, by (loss, compiled): measured with the
+# trainer's engine on an H100 (d12, T=1024; tests/data/gpu_measure_*.json, where the test holds the plan to every
+# row). Eager (2026-11-24, zero1_bf16 at micro-batch 256/77 and the V100-32GB cap in fp16): the fused step held
+# 6% more per token than the CPU fit (cuBLAS and SDPA's CUDA kernels keep other temporaries), the classic 3% less.
+# Compiled (2026-11-26, zero1_bf16 at 128): Inductor fuses the classic loss's fp32 logits and their gradient into
+# few kernels (0.60 of the eager bytes), while the fused loss's chunk kernels gain nothing and the trunk's
+# recomputation choices keep a little more (1.08). Rounded up: the GPU probe checks the plan with a real step.
+CUDA_PER_TOKEN = {("fused", False): 1.07, ("classic", False): 0.98, ("fused", True): 1.09, ("classic", True): 0.62}
 # Shapes the activation fit is measured on (n_layer, n_head, n_embd, vocab, batch, seq_len), each at batch and
 # 2 x batch: small and varied, and large enough that the step's per-token phase holds the peak.
 PROFILE_SHAPES = [(2, 2, 64, 512, 8, 32), (3, 2, 64, 512, 8, 32), (2, 4, 64, 512, 8, 32),
@@ -146,30 +154,35 @@ def fused_loss_bytes(config, tokens, precision):
     return config.vocab_size * config.n_embd * (4 + element_bytes(precision)) + chunk
 
 
-def step_bytes(config, batch, seq_len, precision, checkpointing, loss):
+def step_bytes(config, batch, seq_len, precision, checkpointing, loss, cuda_step=None):
     """Predicted peak of a training step beyond the model states (what measure_step_bytes measures, plus
-    the fused loss's chunk at full size)."""
+    the fused loss's chunk at full size). cuda_step: None for the CPU, else whether the CUDA step is compiled
+    (CUDA_PER_TOKEN)."""
     tokens = batch * seq_len
-    total = per_token_bytes(config, precision, checkpointing, loss) * tokens
+    factor = 1.0 if cuda_step is None else CUDA_PER_TOKEN[loss, cuda_step]
+    total = factor * per_token_bytes(config, precision, checkpointing, loss) * tokens
     return total + (fused_loss_bytes(config, tokens, precision) if loss == "fused" else 0)
 
 
 # -- the plan --------------------------------------------------------------------------------------
 def plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing, loss,
-               allocator, context_bytes):
+               allocator, context_bytes, compiled=None):
     """A training step's peak device memory, by part: model states, activations with the loss's buffers,
-    what the caching allocator reserves beyond that, and what lies outside PyTorch (context_bytes)."""
+    what the caching allocator reserves beyond that, and what lies outside PyTorch (context_bytes).
+    compiled: whether the CUDA step is compiled; None on the CPU (allocator 'cpu')."""
     parts = dict(model_state_bytes(n_params, precision, stage, world_size, ds_config))
-    parts["activations_and_loss"] = step_bytes(config, batch, seq_len, precision, checkpointing, loss)
+    parts["activations_and_loss"] = step_bytes(config, batch, seq_len, precision, checkpointing, loss,
+                                               None if allocator == "cpu" else bool(compiled))
     parts["allocator_overhead"] = ALLOCATOR_OVERHEAD[allocator] * sum(parts.values())
     parts["context_reserve"] = context_bytes
     return parts
 
 
 def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens, loss="fused",
-              allocator="expandable_segments", context_bytes=CONTEXT_RESERVE):
+              allocator="expandable_segments", context_bytes=CONTEXT_RESERVE, compiled=True):
     """The largest micro-batch whose step fits device_bytes, and the one that also divides the token
-    budget. allocator: 'expandable_segments', 'default' or 'cpu' (ALLOCATOR_OVERHEAD)."""
+    budget. allocator: 'expandable_segments', 'default' or 'cpu' (ALLOCATOR_OVERHEAD); compiled: a GPU step under
+    torch.compile (the trainer's default on CUDA) or eager."""
     precision = dsc.precision(ds_config)
     stage = dsc.zero_stage(ds_config)
     checkpointing = dsc.uses_activation_checkpointing(ds_config)
@@ -177,7 +190,7 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
 
     def parts(batch):
         return plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, ds_config, checkpointing,
-                          loss, allocator, context_bytes)
+                          loss, allocator, context_bytes, compiled)
 
     states = sum(v for k, v in parts(1).items() if k in MODEL_STATE_PARTS)
     if states > device_bytes:  # whatever the batch: no checkpointing helps
@@ -200,7 +213,8 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
             "grad_accum": total_batch_tokens // (micro * per_micro_step) if micro else None,
             "total_bytes": sum(chosen.values()), "gpu_bytes": device_bytes, "bytes": chosen,
             "n_params": n_params, "precision": precision, "zero_stage": stage, "checkpointing": checkpointing,
-            "loss": loss, "allocator": allocator, "world_size": world_size, "seq_len": seq_len}
+            "loss": loss, "allocator": allocator, "compiled": compiled and allocator != "cpu", "world_size": world_size,
+            "seq_len": seq_len}
 
 
 MODEL_STATE_PARTS = ("parameters", "gradients", "fp32_gradients", "master_weights", "optimizer_states", "buckets")
@@ -257,13 +271,13 @@ def model_memory_problem(label, config, ds_config, world_size, device_type):
             f"choose a smaller model, or more ranks with ZeRO 1 or 2")
 
 
-def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type, loss):
+def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens, device_type, loss, compiled):
     """(the plan, the plan as text) for --micro_batch auto on this machine's device, with the allocator
-    setting the trainer runs with."""
+    setting the trainer runs with and its step (compiled or eager)."""
     device_bytes, device = device_memory_bytes(device_type)
     allocator = ("expandable_segments" if expandable_segments() else "default") if device_type == "cuda" else "cpu"
     plan = make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_tokens, loss, allocator,
-                     CONTEXT_RESERVE if device_type == "cuda" else 0)
+                     CONTEXT_RESERVE if device_type == "cuda" else 0, compiled)
     if plan["micro_batch"] is None:
         raise BadInput(f"no micro-batch up to {plan['max_micro_batch']} divides --total_batch_tokens "
                        f"{total_batch_tokens} into seq_len {seq_len} x {world_size} rank(s)")
@@ -272,8 +286,9 @@ def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens,
 
 def format_plan(plan, label):
     lines = [f"{label}: {plan['n_params'] / 1e6:.0f}M parameters, {plan['precision']}, ZeRO {plan['zero_stage']}, "
-             f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['loss']} loss, {plan['allocator']} "
-             f"allocator, {plan['world_size']} rank(s), seq_len {plan['seq_len']}"]
+             f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['loss']} loss"
+             f"{'' if plan['allocator'] == 'cpu' else ', compiled' if plan['compiled'] else ', eager'}, "
+             f"{plan['allocator']} allocator, {plan['world_size']} rank(s), seq_len {plan['seq_len']}"]
     for name, value in plan["bytes"].items():
         lines.append(f"  {name:18s} {value / GiB:8.2f} GiB")
     lines.append(f"  {'total':18s} {plan['total_bytes'] / GiB:8.2f} GiB of {plan['gpu_bytes'] / GiB:.2f} GiB "

@@ -26,7 +26,8 @@ LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in 
 LOSS_CHOICES = ("fused", "chunked", "liger", "classic")
 # The kernel `fused` means on CUDA in bf16: the chunked path until a GPU run of `bench/train.py --only loss` under
 # the trainer's real step says otherwise. Measured in the trainer on an H100 (d12, zero1_bf16, 0.5M tokens/step,
-# micro-batch 128): chunked, per-chunk math compiled 451-461k tokens/s at 42.3 GiB (2026-11-26); chunked traced
+# micro-batch 128): chunked, bf16 gradient made in the forward pass 481-495k tokens/s at 42.95 GiB (2026-11-26,
+# the main job with every default); with each chunk's logits recomputed 451-461k at 42.3 GiB; chunked traced
 # whole 488-506k at 64.2-64.6 GiB (it kept the logits); classic compiled 491-522k at 76.65 GiB; liger eager
 # 285-287k at 256 (2026-11-24); under whole-model compile liger crashed at step 0.
 FUSED_ON_CUDA_BF16 = "chunked"
@@ -58,7 +59,9 @@ def chunk_forward_and_grad(hidden, weight, targets, scale, real_vocab_size):
     logits = mask_padding((hidden @ weight.t()).float(), real_vocab_size)
     lse = torch.logsumexp(logits, dim=-1)
     loss = (lse - logits.gather(1, targets[:, None]).squeeze(1)).sum()
-    grad = logits.sub(lse[:, None]).exp_()
+    # in place: the loss has been read from the logits, and a second fp32 copy is 1.5 GiB per 8192-row chunk (on an
+    # H100, 2026-11-26: the bf16 fused loss peaked 1.65 GiB above the plan with it)
+    grad = logits.sub_(lse[:, None]).exp_()
     grad[torch.arange(grad.shape[0], device=grad.device), targets] -= 1
     return lse, loss, grad.mul_(scale).to(hidden.dtype)
 

@@ -39,7 +39,7 @@ RESUME_CHECK = [*TINY, "--no-compile", "--deterministic", "--max_steps", "9", "-
 # 48 x 256 = 12288 rows of logits per micro-batch: one and a half of the fused loss's 8192-row chunks
 LOSS_ROWS = 48 * 256
 LOSS_CHECK = [*TINY, "--micro_batch", "48", "--total_batch_tokens", str(LOSS_ROWS), "--no-compile", "--max_steps", "4"]
-EVAL = ["-m", "gpt.commands.eval", "--checkpoint", "{trained_checkpoint}", "--data", "{shakespeare_dir}", "--seq_len",
+EVAL = ["-m", "gpt.commands.eval", "--checkpoint", "{runs}/trained/checkpoints", "--data", "{shakespeare_dir}", "--seq_len",
         "64", "--val_tokens", "8192", "--hellaswag", "{hellaswag_files}/hellaswag_val.jsonl", "--json"]
 # 2**32 x a loss of ~11 overflows fp16 (max 65504) in the backward: each overflow skips the step and halves the
 # scale until the gradients fit (the tiny model on CPU under --cpu_fp16: 16 skipped)
@@ -55,9 +55,9 @@ def training(*args, ds_config=None, env=None, after=None):
                 ds_config=ds_config, env=env or {}, after=after)
 
 
-def command(*args):
-    """A `python ARGS` process for RUNS."""
-    return dict(argv=[sys.executable, *args], ds_config=None, env={}, after=None)
+def command(*args, after=None):
+    """A `python ARGS` process for RUNS; after: the run whose output it reads (it starts when that one has ended)."""
+    return dict(argv=[sys.executable, *args], ds_config=None, env={}, after=after)
 
 
 # Every GPU process the tests below read, under DS_ACCELERATOR=cuda: '{out}' is its own directory, '{runs}' the
@@ -84,9 +84,13 @@ RUNS = {
                               ds_config=dict(base="zero2_fp16.json", fp16=FP16_OVERFLOW)),
     **{f"{loss}_{precision}": training(*LOSS_CHECK, "--ds_config", config, "--loss", loss)
        for precision, config in CONFIGS.items() for loss in ("classic", "fused")},
-    **{f"eval_{device}": command(*EVAL, "--device", device) for device in ("cpu", "cuda", "auto")},
-    "sample": command("-m", "gpt.commands.sample", "--checkpoint", "{trained_checkpoint}", "--device", "cuda",
-                      "--prompt", "To be", "--max_new_tokens", "8", "--num_samples", "2"),
+    # what gpt-eval and gpt-sample read: trained here on the GPU, not by conftest's trained_checkpoint, which
+    # trains on DeepSpeed's CPU accelerator, whose JIT-built fused_adam would replace the CUDA one of the same name
+    # in torch's extension cache (a rebuild each way: 150 s on the H100 machine, 2026-11-26)
+    "trained": training(*TINY, "--ds_config", "ds_configs/zero2_fp32.json", "--no-compile", "--max_steps", "3"),
+    **{f"eval_{device}": command(*EVAL, "--device", device, after="trained") for device in ("cpu", "cuda", "auto")},
+    "sample": command("-m", "gpt.commands.sample", "--checkpoint", "{runs}/trained/checkpoints", "--device", "cuda",
+                      "--prompt", "To be", "--max_new_tokens", "8", "--num_samples", "2", after="trained"),
 }
 STARTED = []  # the futures of what gpu_runs started: a test that needs the GPU to itself waits for them
 
@@ -287,7 +291,8 @@ def test_the_fused_loss_equals_the_classic_one_and_needs_less_memory(gpu_runs, p
     peak = {loss: max(r["peak_alloc_gib"] for r in rows) for loss, rows in runs.items()}
     # At its peak the classic loss holds ~3.5 fp32 copies of the full logits (0.67 GiB of a d12 sequence's 0.96 on
     # an H100), the fused one 1.5 copies of one 8192-row chunk's: two copies less at least (gpt.memory.plan'
-    # step peaks for these 12288 rows on CPU: 8.11 against 2.37 GiB, 2.5 copies)
+    # step peaks for these 12288 rows on CPU: 8.11 against 2.37 GiB, 2.5 copies). On the H100 (2026-11-26) bf16 gave 8.23
+    # against 4.02 GiB while the bf16 chunk kept a second fp32 copy of its logits (1.54 GiB), since removed
     logits_gib = LOSS_ROWS * 50304 * 4 / 2**30
     assert peak["fused"] < peak["classic"] - 2 * logits_gib, peak
     assert all(r["peak_reserved_gib"] >= r["peak_alloc_gib"] for r in runs["fused"])
