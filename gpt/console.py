@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import errno
 import json
-import math
 import os
 import stat
 import sys
@@ -83,30 +82,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         exit_with(message, self.error_status)
-
-
-def range_problems(args, ranges):
-    """'--name value must be a finite number >= least' (or > least) for each flag out of range, NaN included, and
-    '--name value must be at most most (why)' above an optional upper bound. ranges: (name, least, inclusive) or
-    (name, least, inclusive, most, why); flags left unset (None) are skipped."""
-    problems = []
-    for name, least, inclusive, *upper in ranges:
-        value = getattr(args, name)
-        if value is None:
-            continue
-        if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
-            problems.append(f"--{name} {value} must be a finite number {'>=' if inclusive else '>'} {least}")
-        elif upper and value > upper[0]:
-            problems.append(f"--{name} {value} must be at most {upper[0]}" + (f" ({upper[1]})" if upper[1] else ""))
-    return problems
-
-
-SEED_LIMIT = 2**63  # numpy's and torch's generators take a seed in [0, 2**63): none negative, none wider
-
-
-def seed_problem(flag, seed):
-    """Why `seed` is no seed for torch and numpy, or None."""
-    return None if 0 <= seed < SEED_LIMIT else f"{flag} {seed} must lie in [0, 2**63)"
 
 
 def out_dir_problem(flag, out_dir):

@@ -15,7 +15,8 @@ import json
 import time
 
 from gpt.data import hellaswag
-from gpt.console import BadInput, Parser, exit_if, exit_with, range_problems
+from gpt.console import BadInput, Parser, exit_if, exit_with
+from gpt.config.settings import range_problems
 
 from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
 from gpt.data.shards import ValidationSet, check_token_range, find_shards

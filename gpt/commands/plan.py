@@ -9,12 +9,12 @@ import json
 import math
 
 from gpt.config import ds_config as dsc
-from gpt.console import BadInput, Parser, exit_if, exit_with, range_problems
+from gpt.console import BadInput, Parser, exit_if, exit_with
 from gpt.commands.train import add_model_arguments
 from gpt.model.loss import LOSSES
 from gpt.memory.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan, trainer_uses_expandable_segments
 from gpt.model.model import preset_config
-from gpt.config.settings import GPT3_TOKENS_PER_STEP, range_of
+from gpt.config.settings import GPT3_TOKENS_PER_STEP, range_of, range_problems
 
 
 def build_parser():

@@ -7,7 +7,8 @@
 import os
 from pathlib import Path
 
-from gpt.console import BadInput, Parser, exit_if, exit_with, os_error_line, range_problems
+from gpt.console import BadInput, Parser, exit_if, exit_with, os_error_line
+from gpt.config.settings import range_problems
 
 from gpt.data.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
 

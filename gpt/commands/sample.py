@@ -14,7 +14,8 @@ import sys
 
 import torch
 
-from gpt.console import BadInput, Parser, exit_if, exit_with, range_problems, seed_problem
+from gpt.console import BadInput, Parser, exit_if, exit_with
+from gpt.config.settings import range_problems, seed_problem
 
 from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
 from gpt.train.evaluate import sample

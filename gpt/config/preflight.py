@@ -9,24 +9,23 @@ Bad input raises BadInput listing every problem it found, one per line; the trai
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from gpt.train import checkpoint, run_lock, universal
 from gpt.data import hellaswag
 from gpt.config import ds_config as dsc
-from gpt.console import BadInput, range_problems, say0, seed_problem
+from gpt.console import BadInput, say0
 from gpt.data.shards import check_lengths, check_shards, find_shards, fingerprints, unfinished_preparations
 from gpt.model.loss import liger_problem, memory_kind
 from gpt.model.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, preset_config
 from gpt.memory.plan import auto_micro_batch, model_memory_problem
 from gpt.train.metrics import profiled_steps_needed
-from gpt.config.settings import GPT3_WARMUP_STEPS, Settings, ranges
+from gpt.config.settings import GPT3_WARMUP_STEPS, Settings
 
 
 @dataclass(frozen=True)
 class Setup:
     """What preflight() checked and decided before the process group existed (device and lock: after it)."""
-    settings: Settings  # complete: defaults and --micro_batch auto resolved
+    settings: Settings  # complete: what the flags left open decided, --micro_batch auto planned
     ds_config: dict
     model_config: GPTConfig
     grad_accum: int
@@ -57,10 +56,11 @@ def preflight(settings, world_size, device_type):
     saved = checkpoint.read_run_config(resume_from) if resume_from else None
     if saved:
         checkpoint.check_init_from(resume_from, saved, settings.checkpoint.init_from)
-    settings, notes = resolve_defaults(settings, device_type, saved, world_size)
+    decided, notes = resolve_defaults(settings, device_type, saved, world_size)
     for note in notes:
         say0(note)
-    settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type)
+    settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type,
+                                                                              decided)
     for warning in unfinished_preparations(settings.data.dir):
         say0(warning, sys.stderr)
     run_config = run_config_of(settings, ds_config, model_config, world_size)
@@ -84,10 +84,12 @@ def preflight(settings, world_size, device_type):
                  auto_plan=auto_plan)
 
 
-def check_settings(settings, world_size, device_type):
-    """The settings checked, --micro_batch auto planned (the DeepSpeed JSON read once for both): raises BadInput
-    listing every problem. Returns (the settings, the DeepSpeed config, the model's GPTConfig, grad_accum, the
-    auto plan or None)."""
+def check_settings(settings, world_size, device_type, decided=None):
+    """The settings checked, --micro_batch auto planned (the DeepSpeed JSON read once for both), and what the flags
+    left open written into them in one step: `decided` (resolve_defaults' choices) and the plan's micro-batch.
+    Raises BadInput listing every problem. Returns (the settings, the DeepSpeed config, the model's GPTConfig,
+    grad_accum, the auto plan or None)."""
+    decided = dict(decided or {})
     problems = number_problems(settings)
     if problems:  # the checks below assume sane numbers
         raise BadInput("\n".join(problems))
@@ -100,12 +102,15 @@ def check_settings(settings, world_size, device_type):
         problems.append(f"--profile {settings.run.profile} needs --max_steps >= "
                         f"{profiled_steps_needed(settings.run.profile)} (1 skipped, 1 warm-up and {settings.run.profile} "
                         f"recorded steps); --max_steps is {settings.optimizer.max_steps}")
-    if settings.optimizer.warmup_steps < 0 or settings.optimizer.warmup_steps > settings.optimizer.max_steps:
-        problems.append(f"--warmup_steps {settings.optimizer.warmup_steps} must lie in "
-                        f"[0, --max_steps {settings.optimizer.max_steps}]")
+    warmup_steps = decided.get("warmup_steps", settings.optimizer.warmup_steps)
+    if warmup_steps < 0 or warmup_steps > settings.optimizer.max_steps:
+        problems.append(f"--warmup_steps {warmup_steps} must lie in [0, --max_steps {settings.optimizer.max_steps}]")
     auto_plan = None
-    if settings.data.micro_batch == "auto" and not problems:  # the plan needs a sound JSON and shape
-        settings, auto_plan = plan_micro_batch(settings, config, ds_config, world_size, device_type)
+    if decided.get("micro_batch", settings.data.micro_batch) == "auto" and not problems:  # needs a sound JSON, shape
+        auto_plan = plan_micro_batch(settings, config, ds_config, world_size, device_type,
+                                     decided.get("compile", settings.model.compile))
+        decided["micro_batch"] = auto_plan["micro_batch"]
+    settings = settings.replace(**decided)  # the one rewrite: from here on, the run's settings
     grad_accum = None
     if settings.data.micro_batch != "auto":
         try:
@@ -136,8 +141,8 @@ def check_settings(settings, world_size, device_type):
 
 
 def validate(settings, world_size, device_type="cpu"):
-    """check_settings for settings whose defaults are resolved: (ds_config, model_config, grad_accum)."""
-    return check_settings(settings, world_size, device_type)[1:4]
+    """check_settings with the defaults decided as a fresh run decides them: (ds_config, model_config, grad_accum)."""
+    return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[1:4]
 
 
 def read_ds_config(settings, device_type):
@@ -157,16 +162,16 @@ def read_ds_config(settings, device_type):
     return ds_config, problems
 
 
-def plan_micro_batch(settings, config, ds_config, world_size, device_type):
-    """--micro_batch auto: (the settings with the planner's micro-batch, the plan); says the plan (rank 0)."""
+def plan_micro_batch(settings, config, ds_config, world_size, device_type, compile):
+    """--micro_batch auto: the planner's plan for the step the run takes (compiled or not); says it (rank 0)."""
     try:
         plan, text = auto_micro_batch(config, settings.data.seq_len, ds_config, world_size,
                                       settings.data.total_batch_tokens, device_type, memory_kind(settings.model.loss),
-                                      settings.model.compile)
+                                      compile)
     except BadInput as e:
         raise BadInput(f"--micro_batch auto: {e}") from None
     say0(text)
-    return settings.replace(micro_batch=plan["micro_batch"]), plan
+    return plan
 
 
 def model_config(settings):
@@ -176,11 +181,11 @@ def model_config(settings):
 
 
 def resolve_defaults(settings, device_type, saved=None, world_size=1):
-    """Fill, in one step, what the flags left open and the run decides: torch.compile by device; the warmup by
-    run length, or as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on
-    --max_steps, which a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same
-    world size (before FORMAT 2 its data order depended on the micro-batch; else the planner decides, later).
-    Returns (the settings filled, one log line per choice a user may not expect)."""
+    """Decide what the flags left open and the run decides: torch.compile by device; the warmup by run length, or
+    as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on --max_steps, which
+    a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same world size (before
+    FORMAT 2 its data order depended on the micro-batch; else the planner decides, in check_settings, which writes
+    all of it into the settings at once). Returns ({flag: value}, one log line per choice a user may not expect)."""
     notes, compile, warmup_steps = [], settings.model.compile, settings.optimizer.warmup_steps
     micro_batch = settings.data.micro_batch
     if compile is None:
@@ -200,7 +205,7 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
         micro_batch = saved["args"]["micro_batch"]
         notes.append(f"--micro_batch auto: {micro_batch}, as the checkpoint was saved with (it is older than "
                      f"data positions that any micro-batch continues)")
-    return settings.replace(compile=compile, warmup_steps=warmup_steps, micro_batch=micro_batch), notes
+    return {"compile": compile, "warmup_steps": warmup_steps, "micro_batch": micro_batch}, notes
 
 
 def gradient_accumulation(data, world_size):
@@ -214,23 +219,13 @@ def gradient_accumulation(data, world_size):
 
 
 def number_problems(settings):
-    """Every numeric flag finite and in range (gpt/config/settings.py's ranges), and the model's shape positive: one line
-    each. (A NaN learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
-    problems = range_problems(SimpleNamespace(**settings.flags()), ranges())
+    """Every field in its range and passing its own check (each section's, gpt/config/settings.py), then what crosses
+    sections: one line each. (A NaN learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
+    problems = settings.problems()
     if settings.evaluation.val_every and 1 <= settings.evaluation.val_tokens < settings.data.seq_len:
         problems.append(f"--val_tokens {settings.evaluation.val_tokens} is less than one sequence "
                         f"(--seq_len {settings.data.seq_len}); "
                         f"turn validation off with --val_every 0")
-    if settings.data.micro_batch != "auto" and settings.data.micro_batch <= 0:
-        problems.append(f"--micro_batch must be positive or 'auto' (got {settings.data.micro_batch})")
-    if seed_problem("--seed", settings.run.seed):
-        problems.append(seed_problem("--seed", settings.run.seed))
-    if not 0 <= settings.optimizer.min_lr_ratio <= 1:  # also NaN
-        problems.append(f"--min_lr_ratio {settings.optimizer.min_lr_ratio} must lie in [0, 1]")
-    for name in ("n_layer", "n_embd", "n_head"):
-        value = getattr(settings.model, name)
-        if value is not None and value <= 0:
-            problems.append(f"--{name} must be positive (got {value})")
     return problems
 
 

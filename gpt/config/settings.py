@@ -1,8 +1,10 @@
 """A training run's settings, each defined once: a field of one of Settings' sections, whose metadata holds its help
-text and the range it must lie in. The command line is generated from the fields (gpt/commands/train.py, with
-add_setting_arguments below), and the range check reads them (gpt/config/preflight.py). Imports nothing from the
-project, so that anything may read a run's settings without the trainer's dependencies."""
+text and its checks (the range it must lie in, and a check where a range does not say enough). The command line is
+generated from the fields (gpt/commands/train.py, with add_setting_arguments below), and each section checks its own
+fields (Section.problems; gpt/config/preflight.py adds what crosses sections). Imports nothing from the project, so
+that anything may read a run's settings without the trainer's dependencies."""
 import argparse
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -18,17 +20,70 @@ MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600  # seconds; far beyond, datetime.timedelt
 MAX_SAMPLE_TOKENS = 4096  # 4x GPT-2's context; rank 0 samples while the other ranks wait for it at the next collective
 
 
-def setting(default, help, *, at_least=None, above=None, at_most=None, why=None, env=None, flag=None,
+SEED_LIMIT = 2**63  # numpy's and torch's generators take a seed in [0, 2**63): none negative, none wider
+
+
+def range_problem(flag, value, least, inclusive, most=None, why=None):
+    """'--flag value must be a finite number >= least' (or > least) when value is out of range, NaN included, and
+    '--flag value must be at most most (why)' above an optional upper bound; None when it is in range or unset."""
+    if value is None:
+        return None
+    if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
+        return f"--{flag} {value} must be a finite number {'>=' if inclusive else '>'} {least}"
+    if most is not None and value > most:
+        return f"--{flag} {value} must be at most {most}" + (f" ({why})" if why else "")
+    return None
+
+
+def range_problems(args, ranges):
+    """range_problem for each (name, least, inclusive[, most, why]) of `ranges`, read from args: a command's own
+    flags."""
+    return [p for name, *bounds in ranges for p in [range_problem(name, getattr(args, name), *bounds)] if p]
+
+
+def seed_problem(flag, seed):
+    """Why `seed` is no seed for torch and numpy, or None."""
+    return None if 0 <= seed < SEED_LIMIT else f"{flag} {seed} must lie in [0, 2**63)"
+
+
+def positive_problem(flag, value):
+    """Why an optional shape override is not positive, or None."""
+    return None if value is None or value > 0 else f"--{flag} must be positive (got {value})"
+
+
+def setting(default, help, *, at_least=None, above=None, at_most=None, why=None, check=None, env=None, flag=None,
             **argparse_options):
-    """A Settings field: its default (or the environment variable `env`, when set), help text and range (at_least
-    or above a bound, optionally at_most with the reason), and argparse's options where the default's type does not
-    say enough (type, action, metavar). flag: the command line's name, where it is not the field's."""
+    """A Settings field: its default (or the environment variable `env`, when set), help text, range (at_least
+    or above a bound, optionally at_most with the reason) and `check(flag, value)` -> a problem or None, for what a
+    range does not say; argparse's options where the default's type does not say enough (type, action, metavar).
+    flag: the command line's name, where it is not the field's."""
     bounds = None
     if at_least is not None or above is not None:
         bounds = (above if at_least is None else at_least, at_least is not None) + \
             ((at_most, why) if at_most is not None else ())
-    return field(default=default, metadata={"help": help, "range": bounds, "env": env, "flag": flag,
+    return field(default=default, metadata={"help": help, "range": bounds, "check": check, "env": env, "flag": flag,
                                             "argparse": argparse_options})
+
+
+def flag_of(f):
+    """A field's command-line name."""
+    return f.metadata["flag"] or f.name
+
+
+def field_problems(f, value):
+    """A field's value checked alone: out of its range (NaN included), then its own check."""
+    bounds, check = f.metadata["range"], f.metadata["check"]
+    return [p for p in (bounds and range_problem(flag_of(f), value, *bounds),
+                        check and check(flag_of(f), value)) if p]
+
+
+class Section:
+    """A group of settings that one part of the trainer reads alone (its fields: dataclasses below)."""
+
+    def problems(self):
+        """Every field checked alone, one line per problem: all of them rather than a raise at the first (as a
+        __post_init__ would), so that a command line with three mistakes is told all three at once."""
+        return [p for f in fields(self) for p in field_problems(f, getattr(self, f.name))]
 
 
 def micro_batch_arg(text):
@@ -42,13 +97,13 @@ def micro_batch_arg(text):
 
 
 @dataclass(frozen=True)
-class ModelSection:
+class ModelSection(Section):
     """The network: its shape (gpt-plan takes these flags too), its loss kernel, torch.compile."""
     # preset (--model): one of gpt.model.model.PRESETS (the parser's choices).
     preset: str = setting("d12", "size preset", flag="model")
-    n_layer: int | None = setting(None, "override the preset's layer count", type=int)
-    n_embd: int | None = setting(None, "override the preset's width", type=int)
-    n_head: int | None = setting(None, "override the preset's head count", type=int)
+    n_layer: int | None = setting(None, "override the preset's layer count", check=positive_problem, type=int)
+    n_embd: int | None = setting(None, "override the preset's width", check=positive_problem, type=int)
+    n_head: int | None = setting(None, "override the preset's head count", check=positive_problem, type=int)
     vocab_size: int = setting(
         PADDED_VOCAB_SIZE, "GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
     # loss: one of gpt.model.loss.LOSS_CHOICES (the parser's choices).
@@ -61,13 +116,14 @@ class ModelSection:
 
 
 @dataclass(frozen=True)
-class DataSection:
+class DataSection(Section):
     """What each step reads: the shards, the sequence length, the batch."""
     dir: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards", flag="data")
     seq_len: int = setting(1024, "tokens per sequence (<= block_size)", at_least=1)
     micro_batch: int | str = setting(
         16, "sequences per rank per forward pass, or 'auto': the memory planner's choice for this device",
-        type=micro_batch_arg)
+        check=lambda flag, value: None if value == "auto" or value > 0 else
+        f"--{flag} must be positive or 'auto' (got {value})", type=micro_batch_arg)
     total_batch_tokens: int = setting(
         GPT3_TOKENS_PER_STEP, "tokens per optimizer step over all ranks; sets gradient accumulation",
         at_least=1, at_most=MAX_TOTAL_BATCH_TOKENS, why="2**32, hours a step on any hardware")
@@ -77,14 +133,15 @@ class DataSection:
 
 
 @dataclass(frozen=True)
-class OptimizerSection:
+class OptimizerSection(Section):
     """AdamW's schedule and the spike guard: the GPT-3 warmup and cosine, weight decay, skipped updates."""
     max_steps: int = setting(19073, "optimizer steps (19073 x 0.5M = 10B tokens)",
                              at_least=1, at_most=MAX_STEPS, why="checkpoint names hold 8 digits")
     lr: float = setting(6e-4, "peak learning rate", above=0)
     warmup_steps: int | None = setting(
         None, f"linear warmup steps (default {GPT3_WARMUP_STEPS}, or max_steps // 10 for shorter runs)", type=int)
-    min_lr_ratio: float = setting(0.1, "cosine decays to lr x this")
+    min_lr_ratio: float = setting(0.1, "cosine decays to lr x this", check=lambda flag, value: None if 0 <= value <= 1
+                                  else f"--{flag} {value} must lie in [0, 1]")  # NaN too
     weight_decay: float = setting(0.1, "on matrices and embeddings only", at_least=0)
     skip_loss_z: float = setting(
         0.0, "skip the update when the loss is this many sigmas above the recent window (0: off)", at_least=0)
@@ -94,7 +151,7 @@ class OptimizerSection:
 
 
 @dataclass(frozen=True)
-class CheckpointSection:
+class CheckpointSection(Section):
     """Where a run starts from and what it keeps: checkpoints, --resume, --init_from."""
     save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)", at_least=0)
     keep_last: int = setting(3, "keep the newest N checkpoints", at_least=1)
@@ -106,7 +163,7 @@ class CheckpointSection:
 
 
 @dataclass(frozen=True)
-class EvaluationSection:
+class EvaluationSection(Section):
     """What a run measures besides its loss: validation, HellaSwag, text samples."""
     val_every: int = setting(250, "validation loss every N steps (0: off)", at_least=0)
     val_tokens: int = setting(10 * 2**20, "validation set size: the first val_tokens // seq_len sequences of the "
@@ -120,11 +177,11 @@ class EvaluationSection:
 
 
 @dataclass(frozen=True)
-class RunSection:
+class RunSection(Section):
     """The run as a whole: its DeepSpeed JSON, its directory, seed, determinism, profiling, ranks."""
     ds_config: str = setting("ds_configs/zero1_bf16.json", "DeepSpeed JSON (ds_configs/)")
     out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/")
-    seed: int = setting(1337, None)
+    seed: int = setting(1337, None, check=lambda flag, value: seed_problem(f"--{flag}", value))
     deterministic: bool = setting(
         False, "deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")
     profile: int = setting(
@@ -170,6 +227,10 @@ class Settings:
         """A copy with these flags changed."""
         return Settings.from_flags(**{**self.flags(), **flags})
 
+    def problems(self):
+        """Each section's own problems (Section.problems), one line each; what crosses sections is preflight's."""
+        return [p for section in SECTIONS for p in getattr(self, section).problems()]
+
     def recorded(self):
         """The settings as a checkpoint records them, flat: all but the launcher's local rank."""
         return {k: v for k, v in self.flags().items() if k != "local_rank"}
@@ -183,7 +244,7 @@ FLAG_ORDER = ("ds_config", "model", "n_layer", "n_embd", "n_head", "vocab_size",
               "save_every", "keep_last", "keep_every", "resume", "reset_data_position", "init_from", "skip_loss_z",
               "skip_grad_z", "max_bad_steps", "compile", "loss", "deterministic", "profile", "cpu_fp16",
               "collective_timeout", "local_rank")
-FIELDS = {f.metadata["flag"] or f.name: (section, f)  # flag -> (section, its field)
+FIELDS = {flag_of(f): (section, f)  # flag -> (section, its field)
           for section, section_class in SECTIONS.items() for f in fields(section_class)}
 FLAGS = {flag: (FIELDS[flag][0], FIELDS[flag][1].name) for flag in FLAG_ORDER}  # flag -> (section, field name)
 assert FLAGS.keys() == FIELDS.keys(), "FLAG_ORDER names every setting once"

@@ -21,7 +21,7 @@ from gpt.console import BadInput
 from gpt.data.shards import write_shard
 from gpt.memory.plan import device_total_bytes
 from gpt.model.model import GPT2_VOCAB_SIZE
-from gpt.config.preflight import model_config, resolve_defaults, validate
+from gpt.config.preflight import model_config, validate
 
 
 @pytest.fixture
@@ -573,7 +573,7 @@ def test_validation_off_needs_no_val_sequence(tmp_path):
     """A val split shorter than one sequence is fine with --val_every 0 (it used to abort anyway)."""
     settings = parse(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
                       "--val_every", "0", "--data", shards(tmp_path, 5000, 60)])
-    assert validate(resolve_defaults(settings, "cpu")[0], 1)[2] == 4  # grad_accum: validated
+    assert validate(settings, 1)[2] == 4  # grad_accum: validated
 
 
 @pytest.mark.parametrize("held", ["checkpoints", "metrics"])

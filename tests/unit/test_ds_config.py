@@ -13,7 +13,7 @@ from gpt.memory import plan
 from gpt.commands import plan as plan_command
 from gpt.commands.train import parse
 from gpt.console import BadInput
-from gpt.config.preflight import resolve_defaults, run_config_of, validate
+from gpt.config.preflight import run_config_of, validate
 
 FP32 = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
 
@@ -66,7 +66,6 @@ def test_the_bfloat16_alias_is_bf16_for_the_run_config_the_checkpoint_check_and_
     path = write(tmp_path, json.dumps(alias))
     settings = parse(["--ds_config", str(path), "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
                       "--total_batch_tokens", "1024", "--data", str(shakespeare_dir)])
-    settings = resolve_defaults(settings, "cpu")[0]
     ds_config, model_config, _ = validate(settings, 1)
     run_config = run_config_of(settings, ds_config, model_config, 1)
     assert run_config["precision"] == "bf16"

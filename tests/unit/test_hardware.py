@@ -50,22 +50,22 @@ def test_fix_cuda_arch_list_rewrites_keeps_or_unsets_with_one_line():
     (("--no-compile",), "cuda", False), (("--compile",), "cpu", True),
 ])
 def test_compile_is_on_by_default_with_cuda_only(argv, device, expected):
-    settings, notes = resolve_defaults(parse(list(argv)), device)
-    assert settings.model.compile is expected
+    decided, notes = resolve_defaults(parse(list(argv)), device)
+    assert decided["compile"] is expected
     assert notes == (["torch.compile on (the default with CUDA; --no-compile turns it off)"] if not argv and expected
                      else [])
 
 
 def test_a_run_shorter_than_the_default_warmup_warms_up_for_a_tenth_of_it():
-    settings, notes = resolve_defaults(parse(["--max_steps", "80"]), "cpu")
+    decided, notes = resolve_defaults(parse(["--max_steps", "80"]), "cpu")
     assert notes == [
         f"--warmup_steps 8: --max_steps 80 is below the default warmup of {GPT3_WARMUP_STEPS}, "
         f"so the warmup is a tenth of the run"]
-    assert settings.optimizer.warmup_steps == 8
-    settings, notes = resolve_defaults(parse(["--max_steps", "20000"]), "cpu")
-    assert notes == [] and settings.optimizer.warmup_steps == GPT3_WARMUP_STEPS
-    settings, notes = resolve_defaults(parse(["--max_steps", "80", "--warmup_steps", "30"]), "cpu")
-    assert notes == [] and settings.optimizer.warmup_steps == 30  # an explicit value is kept
+    assert decided["warmup_steps"] == 8
+    decided, notes = resolve_defaults(parse(["--max_steps", "20000"]), "cpu")
+    assert notes == [] and decided["warmup_steps"] == GPT3_WARMUP_STEPS
+    decided, notes = resolve_defaults(parse(["--max_steps", "80", "--warmup_steps", "30"]), "cpu")
+    assert notes == [] and decided["warmup_steps"] == 30  # an explicit value is kept
 
 
 def test_make_deterministic_sets_the_cuda_switches(monkeypatch):

@@ -152,6 +152,20 @@ def test_cli_json_and_errors(capsys):
         plan_for("zero1_bf16.json", 0.5)
 
 
+def test_gpt_plan_plans_the_compiled_step_unless_told_no_compile(capsys):
+    """As the trainer runs on CUDA: compiled by default, where Inductor fuses the classic loss's logits (more
+    sequences fit than eager); --no-compile plans the eager step. The text names the mode."""
+    plans = {}
+    for flags in ((), ("--no-compile",)):
+        code, out, _ = gpt_plan(capsys, "--gpu", "h100-80gb", "--world_size", "1", "--loss", "classic", *flags, "--json")
+        plans[flags] = json.loads(out)
+    compiled, eager = plans[()], plans[("--no-compile",)]
+    assert compiled["compiled"] is True and eager["compiled"] is False
+    assert compiled["max_micro_batch"] > eager["max_micro_batch"]
+    _, out, _ = gpt_plan(capsys, "--gpu", "h100-80gb", "--world_size", "1", "--no-compile")
+    assert "fused loss, eager, expandable_segments allocator" in out
+
+
 def test_several_configs_and_losses_plan_each(capsys):
     code, out, _ = gpt_plan(capsys, "--gpu", "v100-32gb", "--ds_config", "ds_configs/zero2_fp16.json",
                             "ds_configs/zero2_fp16_ckpt.json", "--loss", "fused", "classic", "--json")

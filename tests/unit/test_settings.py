@@ -59,16 +59,31 @@ def test_each_fields_range_is_checked(bounds):
             Settings().replace(**{name: above}))
 
 
+def test_each_section_checks_its_own_fields_and_reports_them_all():
+    """A field's checks stand next to it (its range, or its own check where a range does not say it); a section
+    reports every problem of its fields at once, and the settings every section's."""
+    from gpt.config.settings import ModelSection, OptimizerSection
+    optimizer = OptimizerSection(lr=float("nan"), min_lr_ratio=2.0, max_bad_steps=0)
+    assert optimizer.problems() == ["--lr nan must be a finite number > 0", "--min_lr_ratio 2.0 must lie in [0, 1]",
+                                    "--max_bad_steps 0 must be a finite number >= 1"]
+    assert ModelSection(n_head=0).problems() == ["--n_head must be positive (got 0)"]
+    settings = parse(["--n_layer", "-1", "--micro_batch", "0", "--seed", "-2", "--lr", "0"])
+    assert settings.problems() == ["--n_layer must be positive (got -1)",
+                                   "--micro_batch must be positive or 'auto' (got 0)",
+                                   "--lr 0.0 must be a finite number > 0", "--seed -2 must lie in [0, 2**63)"]
+    assert Settings().problems() == [] and parse(["--micro_batch", "auto"]).problems() == []
+
+
 def test_what_the_flags_leave_open_is_resolved_in_one_step():
     """compile by device, the warmup as the resumed checkpoint's run had it (its default depends on --max_steps),
     and --micro_batch auto as a checkpoint from before data positions (format 1) was saved, on its world size only;
     a newer checkpoint leaves auto to the planner."""
     from gpt.config.preflight import resolve_defaults
     old = {"world_size": 2, "args": {"warmup_steps": 7, "micro_batch": 4}}  # format 1: no "format" recorded
-    settings, notes = resolve_defaults(parse(["--micro_batch", "auto", "--max_steps", "80"]), "cpu", old, 2)
-    assert (settings.model.compile, settings.optimizer.warmup_steps, settings.data.micro_batch) == (False, 7, 4)
+    decided, notes = resolve_defaults(parse(["--micro_batch", "auto", "--max_steps", "80"]), "cpu", old, 2)
+    assert decided == {"compile": False, "warmup_steps": 7, "micro_batch": 4}
     assert notes == ["--micro_batch auto: 4, as the checkpoint was saved with (it is older than data positions "
                      "that any micro-batch continues)"]
-    assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", old, 1)[0].data.micro_batch == "auto"
-    assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", {**old, "format": 2}, 2)[0].data.micro_batch == "auto"
-    assert resolve_defaults(parse(["--warmup_steps", "3"]), "cpu", old, 2)[0].optimizer.warmup_steps == 3
+    assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", old, 1)[0]["micro_batch"] == "auto"
+    assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", {**old, "format": 2}, 2)[0]["micro_batch"] == "auto"
+    assert resolve_defaults(parse(["--warmup_steps", "3"]), "cpu", old, 2)[0]["warmup_steps"] == 3
