@@ -8,9 +8,10 @@ Each size is tried as --micro_batch auto's probe tries it (gpt/memory/probe.py):
 builds its own, two forward/backward/optimizer steps on random tokens, compiled as the trainer compiles on CUDA
 (gpt.model.wrap.wrap; its graphs dropped before each size, so each compiles for its own static shapes) or,
 with --no-compile, eager. A compile per size costs tens of seconds, so compiled, only the sizes that divide
---total_batch_tokens (the ones a run can use) are tried: the answer is the largest of them that fits, and the
-raw maximum lies below the next one tried (`first_out_of_memory`); eager, every size is tried and the raw
-maximum is exact. The search starts at the plan, goes up in doubling strides to the first out-of-memory (or
+--total_batch_tokens (the ones a run can use) are tried, and the plan's own answer where it lies between the
+largest of them that fits and the first that does not: the raw maximum lies between the largest size that fitted
+(`largest_fitting`) and the first out of memory (the report's `raw max`, e.g. 244-255); eager, every size is
+tried and the raw maximum is exact. The search starts at the plan, goes up in doubling strides to the first out-of-memory (or
 down), then bisects. It stops at the token budget: a micro-batch above --total_batch_tokens / seq_len would be
 a step of its own on one GPU.
 
@@ -19,6 +20,7 @@ a step of its own on one GPU.
 cuBLAS workspaces, NCCL), measured after a warm-up, as a card of that size would leave it."""
 import contextlib
 import datetime
+import math
 import os
 import sys
 import time
@@ -36,22 +38,30 @@ GiB = 2**30
 
 def measure_largest(new_engine, planned, sizes, seq_len, vocab_size, device, log=print):
     """Search `sizes` (ascending micro-batches) for the largest whose steps fit, starting at the largest not above
-    `planned` (None: at the smallest). Returns {max_micro_batch (None: not even the smallest fits), capped (the
-    largest size fitted), first_out_of_memory (the smallest size tried that did not fit, None if none), its peak
-    memory, tries (each size's verdict and peak, in order), search_s}."""
+    `planned` (None: at the smallest); then, if `planned` is not one of `sizes` and lies between the answer and the
+    first size out of memory, try it too: one more try (a compile) says whether the planner's own answer fits.
+    Returns {max_micro_batch (of `sizes`; None: not even the smallest fits), capped (the largest size fitted),
+    largest_fitting (of every size tried), first_out_of_memory (the smallest size tried that did not fit, None if
+    none), max_micro_batch's peak memory, tries (each size's verdict and peak, in order), search_s}."""
     tries, started = [], time.perf_counter()
 
-    def fits(index):
-        ok, peak = try_step(new_engine, sizes[index], seq_len, vocab_size, device)
-        tries.append({"micro_batch": sizes[index], "fits": ok, **peak})
-        log(f"  micro-batch {sizes[index]}: {verdict(ok, peak)}")
+    def fits_size(size):
+        ok, peak = try_step(new_engine, size, seq_len, vocab_size, device)
+        tries.append({"micro_batch": size, "fits": ok, **peak})
+        log(f"  micro-batch {size}: {verdict(ok, peak)}")
         return ok
 
+    def first_out_of_memory():
+        return min((t["micro_batch"] for t in tries if not t["fits"]), default=None)
+
     start = max(sum(size <= (planned or 1) for size in sizes) - 1, 0)
-    best = search_largest(fits, start, len(sizes) - 1)
+    best = search_largest(lambda index: fits_size(sizes[index]), start, len(sizes) - 1)
+    if best >= 0 and sizes[best] < (planned or 0) < (first_out_of_memory() or math.inf):
+        fits_size(planned)
     peak = next((t for t in tries if t["micro_batch"] == sizes[best]), {}) if best >= 0 else {}
     return {"max_micro_batch": sizes[best] if best >= 0 else None, "capped": best == len(sizes) - 1,
-            "first_out_of_memory": min((t["micro_batch"] for t in tries if not t["fits"]), default=None),
+            "largest_fitting": max((t["micro_batch"] for t in tries if t["fits"]), default=None),
+            "first_out_of_memory": first_out_of_memory(),
             "peak": {k: v for k, v in peak.items() if k not in ("micro_batch", "fits")}, "tries": tries,
             "search_s": time.perf_counter() - started}
 
@@ -117,7 +127,7 @@ def measure_row(new_engine, plan, total_batch_tokens, seq_len, vocab_size, devic
     return {"planned_max_micro_batch": plan and plan["max_micro_batch"],
             "planned_over_measured": plan["max_micro_batch"] / measured if plan and measured else None,
             "measured_max_micro_batch": measured, "capped_at_budget": found["capped"],
-            "first_out_of_memory": found["first_out_of_memory"],
+            "first_out_of_memory": found["first_out_of_memory"], "largest_fitting": found["largest_fitting"],
             "measured_micro_batch": dividing[-1] if dividing else None,
             "peak_alloc_gib": found["peak"].get("peak_alloc_gib"),
             "peak_reserved_gib": found["peak"].get("peak_reserved_gib"),
@@ -137,10 +147,23 @@ def report_header(device_name, total_bytes, outside_bytes, cap_bytes, model, con
 
 
 COLUMNS = [("ds_config", "{}"), ("loss", "{}"), ("allocator", "{}"), ("planned_max_micro_batch", "{}"),
-           ("measured_max_micro_batch", "{}"), ("first_out_of_memory", "{}"), ("planned_over_measured", "{:.2f}"),
-           ("peak_alloc_gib", "{:.2f}"), ("peak_reserved_gib", "{:.2f}"), ("tries", "{}"), ("search_s", "{:.0f}")]
-HEADINGS = ["ds_config", "loss", "allocator", "planned", "measured", "out of memory at", "planned/measured",
+           ("measured_max_micro_batch", "{}"), ("first_out_of_memory", "{}"), ("raw_max", "{}"),
+           ("planned_over_measured", "{:.2f}"), ("peak_alloc_gib", "{:.2f}"), ("peak_reserved_gib", "{:.2f}"),
+           ("tries", "{}"), ("search_s", "{:.0f}")]
+HEADINGS = ["ds_config", "loss", "allocator", "planned", "measured", "out of memory at", "raw max", "planned/measured",
             "peak alloc GiB", "peak reserved GiB", "tries", "search s"]
+
+
+def raw_max(row):
+    """Where the raw maximum lies, as the tries bound it: '13', '12-15' (compiled: between the largest size that
+    fitted and the first out of memory), '>= 32' (the budget fitted) or None (not even 1)."""
+    low = row.get("largest_fitting", row["measured_max_micro_batch"])
+    if low is None or "first_out_of_memory" not in row:  # before 2026-11-26 every report was eager: exact
+        return None if low is None else str(low)
+    high = row["first_out_of_memory"]
+    if row["capped_at_budget"] or high is None:
+        return f">= {low}"
+    return str(low) if high == low + 1 else f"{low}-{high - 1}"
 
 
 def format_report(report):
@@ -157,7 +180,8 @@ def format_report(report):
     for row in report["rows"]:
         cells = []
         for name, fmt in COLUMNS:
-            value = len(row[name]) if name == "tries" else row.get(name)  # first_out_of_memory: from 2026-11-26
+            value = (len(row[name]) if name == "tries" else raw_max(row) if name == "raw_max"
+                     else row.get(name))  # first_out_of_memory: from 2026-11-26
             cells.append("-" if value is None else fmt.format(value))
         if row["capped_at_budget"]:
             cells[4] = f">= {cells[4]} (budget)"

@@ -89,17 +89,20 @@ def test_the_search_finds_the_largest_fitting_index_from_any_start(last):
             assert len(tried) <= 2 * math.ceil(math.log2(last + 2)), (limit, start, tried)
 
 
-@pytest.mark.parametrize("limit, planned, compiled, tried, measured, out_of_memory", [
-    (13, 4, False, [4, 5, 7, 11, 19, 15, 13, 14], 13, 14),  # the plan under the answer: up in doubling strides, bisect
-    (40, 32, False, [32], 32, None),  # the whole token budget on one GPU fits: the search stops there
-    (0, 4, False, [4, 3, 1], None, 1),  # not even one sequence
-    (13, 4, True, [4, 8, 32, 16], 8, 16),  # compiled: only the sizes dividing the budget (1, 2, 4, 8, 16, 32)
-    (13, 20, True, [16, 8], 8, 16)])  # compiled, the plan above the answer: from the largest dividing size under it
+@pytest.mark.parametrize("limit, planned, compiled, tried, measured, out_of_memory, raw", [
+    (13, 4, False, [4, 5, 7, 11, 19, 15, 13, 14], 13, 14, "13"),  # the plan under the answer: up in strides, bisect
+    (40, 32, False, [32], 32, None, ">= 32"),  # the whole token budget on one GPU fits: the search stops there
+    (0, 4, False, [4, 3, 1], None, 1, "-"),  # not even one sequence
+    (13, 4, True, [4, 8, 32, 16], 8, 16, "8-15"),  # compiled: only the sizes dividing the budget (1, 2, 4, 8, 16, 32)
+    (13, 20, True, [16, 8], 8, 16, "8-15"),  # compiled, the plan above the answer: from the largest dividing under it
+    (13, 12, True, [8, 16, 12], 8, 16, "12-15"),  # compiled, the plan between two dividing sizes: tried too; it fits
+    (10, 12, True, [8, 16, 12], 8, 12, "8-11")])  # ... and here it does not: the planner was optimistic
 def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, planned, compiled, tried, measured,
-                                                   out_of_memory):
+                                                   out_of_memory, raw):
     """gpt-plan --measure's search with the simulated out-of-memory: 32 sequences of budget (--total_batch_tokens
     = 32 x seq_len), each size two steps on a fresh engine, every engine freed, the report's table. Eager it
-    tries every size (the raw maximum exact); compiled, a compile per size, only the sizes a run can use."""
+    tries every size (the raw maximum exact); compiled, a compile per size, only the sizes a run can use, and the
+    plan itself where it lies between the answer and the first size out of memory."""
     models, log = [], []
     plan = {"max_micro_batch": planned}
     row = measure_row(engine_factory(limit, models), plan, 32 * SEQ_LEN, SEQ_LEN, VOCAB, torch.device("cpu"),
@@ -121,7 +124,7 @@ def test_measure_searches_above_and_below_the_plan(single_rank_group, limit, pla
     measured_cell = {32: ">= 32 (budget)", None: "-"}.get(measured, str(measured))
     ratio = f"{planned / measured:.2f}" if measured else "-"
     assert table[-1].startswith(f"| zero2_fp32.json | fused | default | {planned} | {measured_cell} | "
-                                f"{out_of_memory or '-'} | {ratio} | - | - | {len(tried)} | ")
+                                f"{out_of_memory or '-'} | {raw} | {ratio} | - | - | {len(tried)} | ")
 
 
 def test_measure_all_takes_the_configs_whose_precision_the_gpu_has(monkeypatch):
