@@ -57,8 +57,8 @@ MAX_MICRO_BATCH = 4096
 # row). Eager (2026-11-24, zero1_bf16 at micro-batch 256/77 and the V100-32GB cap in fp16): the fused step held
 # 6% more per token than the CPU fit (cuBLAS and SDPA's CUDA kernels keep other temporaries), the classic 3% less.
 # Compiled (2026-11-26, zero1_bf16 at 128): Inductor fuses the classic loss's fp32 logits and their gradient into
-# few kernels (0.60 of the eager bytes), while the fused loss's chunk kernels gain nothing and the trunk's
-# recomputation choices keep a little more (1.08). Rounded up: the GPU probe checks the plan with a real step.
+# few kernels (0.60 of the eager bytes); the fused step, whose loss stays out of the compiled region, held a little
+# more (1.08). Not measured: checkpointing, other models. Rounded up: the GPU probe checks the plan with a real step.
 CUDA_PER_TOKEN = {("fused", False): 1.07, ("classic", False): 0.98, ("fused", True): 1.09, ("classic", True): 0.62}
 # Shapes the activation fit is measured on (n_layer, n_head, n_embd, vocab, batch, seq_len), each at batch and
 # 2 x batch: small and varied, and large enough that the step's per-token phase holds the peak.
