@@ -98,8 +98,8 @@ if part eval; then
   [ -d "$TRAINED" ] || { TRAINED=$REPORT/run_d12/checkpoints
     step train_d12 60 python train_ds.py --model d12 --data "$DATA" --out_dir "$REPORT/run_d12" --max_steps 30 \
       --micro_batch 16 --total_batch_tokens 65536 --no-compile --val_every 0 --sample_every 0 --save_every 0; }
-  step eval 30 python -m gpt.commands.eval --checkpoint "$TRAINED" --data "$DATA" --val_tokens 1048576 --json
-  step hellaswag 30 python bench/eval.py --model d12 --examples 512 --batch 16
+  step eval 40 python -m gpt.commands.eval --checkpoint "$TRAINED" --data "$DATA" --val_tokens 1048576 --json
+  step hellaswag 40 python bench/eval.py --model d12 --examples 512 --batch 16
   cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
 fi
 
