@@ -11,8 +11,8 @@ with --no-compile, eager. A compile per size costs tens of seconds, so compiled,
 --total_batch_tokens (the ones a run can use) are tried, and the plan's own answer where it lies between the
 largest of them that fits and the first that does not: the raw maximum lies between the largest size that fitted
 (`largest_fitting`) and the first out of memory (the report's `raw max`, e.g. 244-255); eager, every size is
-tried and the raw maximum is exact. The search starts at the plan, goes up in doubling strides to the first out-of-memory (or
-down), then bisects. It stops at the token budget: a micro-batch above --total_batch_tokens / seq_len would be
+tried and the raw maximum is exact. The search starts at the plan, goes up in doubling strides to the first
+out-of-memory (or down), then bisects. It stops at the token budget: a micro-batch above --total_batch_tokens / seq_len would be
 a step of its own on one GPU.
 
 --gpu_mem GiB stands in for a smaller card: PyTorch's allocator is capped
