@@ -28,6 +28,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
                                                #   speed, deterministic (~25 min); on a GPU every GPU section
     python bench/train.py --only zero ckpt     # some sections
     python bench/train.py --only loss speed deterministic  # on a GPU: issue 22's figures, d12 at 0.5M tokens/step
+    python bench/train.py --only speed --modes compiled  # its compiled rows alone (launch/gpu_check.sh)
     python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/unit/test_bench.py)
     python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
     python bench/train.py --json bench.json    # also write the results as JSON (after each section)
@@ -634,6 +635,9 @@ def parse_args():
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"),
+                        help="the step modes the overhead and speed sections measure (default: the mode's, eager on "
+                             "CPU, both on a GPU); launch/gpu_check.sh: compiled, the step a run takes on a GPU")
     # the ZeRO worker's own arguments (the script re-launches itself on 2 ranks)
     parser.add_argument("--zero_worker", help=argparse.SUPPRESS)
     parser.add_argument("--allocator_worker", help=argparse.SUPPRESS)
@@ -654,7 +658,7 @@ def main():
     mode = "smoke" if args.smoke else "full" if args.full else "quick"
     if DEVICE == "cuda" and mode != "smoke":
         mode = "gpu"
-    settings = MODES[mode]
+    settings = with_modes(MODES[mode], args.modes)
     sections = set(args.only or settings["full_sections" if args.full and "full_sections" in settings else "sections"])
     if DEVICE == "cuda" and sections & CPU_ONLY_SECTIONS:
         print(f"skipping {', '.join(sorted(sections & CPU_ONLY_SECTIONS))}: CPU only (2 ranks on one machine's "
@@ -681,6 +685,17 @@ def main():
                 results.update(run())
                 save()
     print(f"\n{results['seconds']:.0f} s")
+
+
+def with_modes(settings, modes):
+    """A mode's settings with its overhead and speed sections measuring `modes` (eager, compiled) alone, each in
+    the order the mode gives them; unchanged when None."""
+    if not modes:
+        return settings
+    wanted = {mode == "compiled" for mode in modes}
+    ordered = lambda given: tuple(c for c in given if c in wanted) + tuple(sorted(wanted - set(given)))
+    return {**settings, "overhead_compile": ordered(settings.get("overhead_compile", (False,))),
+            "speed": {**settings["speed"], "compiles": ordered(settings["speed"]["compiles"])}}
 
 
 def section_runs(settings, usable, data, tmp, results):

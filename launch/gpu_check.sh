@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU acceptance run: every CUDA path of the project and the figures README and docs/ quote, measured on the
 # CUDA GPUs of this machine in one command (planned: 9 minutes on a bare H100 with ../shared/gpu/setup.sh's ~25 s;
-# measured 2026-11-26: main 146 s, main_resume 62 s, pytest -m gpu 143 s alone, measure 57 s, bench ~100 s).
+# measured 2026-11-26: main 146 s, main_resume 62 s, pytest -m gpu 143 s alone, measure 57 s, bench's compiled rows 74 s).
 # Writes REPORT_DIR:
 #   env.txt           GPU, driver, torch, DeepSpeed, date
 #   main.out/.log     first, the main job exactly as README starts it, on every GPU here: every default
@@ -13,12 +13,13 @@
 #   measure_*.json    gpt-plan --measure for d12, fused and classic loss, compiled as the trainer runs: zero1_bf16;
 #                     part v100 (only when named): zero2_fp16 capped at 31.75 GiB (a V100-32GB) (the JSON is what
 #                     tests/data/gpu_measure_*.json holds: the planner must then hold every row)
-#   bench.md/.json    bench/train.py --only speed: the trainer's tokens/s and MFU at d12, T=1024,
-#                     0.5M tokens/step (compiled, then eager x fused/classic) against a plain PyTorch loop at the
-#                     same size. (Separate runs: the cost of --deterministic, bench/train.py --only deterministic;
+#   bench.md/.json    bench/train.py --only speed --modes compiled: the trainer's tokens/s and MFU at d12, T=1024,
+#                     0.5M tokens/step (compiled x fused/classic) against a plain compiled PyTorch loop at the
+#                     same size (the eager rows: ~30 s more, a run of their own). (Separate runs: the cost of --deterministic, bench/train.py --only deterministic;
 #                     which kernel --loss fused should mean, python bench/train.py --only loss.)
 #   eval.txt          gpt-eval on the GPU (validation loss of the main job's checkpoint) and HellaSwag examples/s
-#   summary.md        all of it, for README, docs/ and the session note
+#   summary.md        all of it, for README, docs/ and the session note (launch/gpu_summary.py): the main job's
+#                     median tokens/s against the plain compiled loop's
 # usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, the parts main pytest measure bench eval;
 # v100 only when named)
 # Every step runs under its own time limit, cut to what is left of BUDGET seconds (default 510: with setup the
@@ -89,7 +90,7 @@ if part measure || part v100; then  # compiled as the trainer runs (a compile pe
 fi
 
 if part bench; then
-  step bench 120 python bench/train.py --only speed --json "$REPORT/bench.json"
+  step bench 120 python bench/train.py --only speed --modes compiled --json "$REPORT/bench.json"
   cp "$REPORT/bench.out" "$REPORT/bench.md"
 fi
 
@@ -103,34 +104,6 @@ if part eval; then
   cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
 fi
 
-python - "$REPORT" >"$REPORT/summary.md" <<'EOF'
-import json, sys
-from pathlib import Path
-from gpt.memory.measure import format_report
-report = Path(sys.argv[1])
-def text(name):
-    path = report / name
-    return path.read_text() if path.exists() else "(not run)\n"
-print("# GPU acceptance run\n\n" + text("env.txt") + "\n## Steps\n\n" + text("steps.txt"))
-metrics = report / "main" / "metrics.jsonl"
-if metrics.exists():  # the main job: what --micro_batch auto chose, then steps 10.. (compiled, warm) as steady
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    steady = sorted((r for r in records if "tokens_per_s" in r and r["step"] >= 10), key=lambda r: r["tokens_per_s"])
-    said = [line for line in text("main.out").splitlines() if "--micro_batch auto:" in line]
-    said += [line for line in text("main_resume.out").splitlines() if "resumed from" in line]
-    print("## The main job (every default)\n\n" + "\n".join(said) + "\n")
-    if steady:
-        middle = steady[len(steady) // 2]
-        print(f"steps {min(r['step'] for r in steady)}..{max(r['step'] for r in steady)}: median {middle['tokens_per_s']:,.0f} tokens/s, "
-              f"MFU {middle.get('mfu', float('nan')):.3f}, peak {max(r.get('peak_alloc_gib', 0) for r in steady):.2f} GiB; "
-              f"last val_loss {[r['val_loss'] for r in records if 'val_loss' in r][-1:]}\n")
-print("## pytest -m gpu\n\n" + "\n".join(text("pytest.txt").splitlines()[-15:]))
-for path in sorted(report.glob("measure_*.json")):
-    try:
-        print(f"\n## {path.stem}\n\n" + format_report(json.loads(path.read_text())))
-    except ValueError:
-        print(f"\n## {path.stem}\n\nno report (see {path.stem}.log)")
-print("\n## bench\n\n" + text("bench.md") + "\n## eval\n\n" + text("eval.txt"))
-EOF
+python launch/gpu_summary.py "$REPORT" >"$REPORT/summary.md"
 cat "$REPORT/summary.md"
 exit "$failed"

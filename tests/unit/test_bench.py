@@ -6,14 +6,19 @@ from common import REPO
 from gpt.model.loss import liger_problem
 
 
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):
     """The loss section's bookkeeping at the GPU's sizes (fixed 64, sweep from 32, 512 sequences per step), with
     stand-ins for the trainer and --micro_batch auto: the classic sweep ends at its first out-of-memory, a size
     past it that auto picked is reported out of memory without a run, and the verdict names the fastest fused
     kernel against the classic loss's best and its memory against the classic loss's at the fixed size."""
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench()
     runs = []
 
     def throughput(settings, repeats):
@@ -41,3 +46,21 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
         "best (102 at micro-batch 32): meets the target (>= the classic loss's best); peak_rss_gib at micro-batch "
         "64: chunked 16.00 GiB, the classic loss out of memory (keeps the memory gain)")
     assert verdict["line"] in capsys.readouterr().out
+
+
+def test_modes_choose_the_eager_and_compiled_rows_of_the_overhead_and_speed_sections():
+    """--modes compiled (launch/gpu_check.sh) keeps a GPU's compiled rows alone; --modes eager on a GPU, or
+    compiled on CPU, measures that mode only; both keep the mode's order; other sections are untouched."""
+    bench = load_bench()
+    gpu, quick = bench.MODES["gpu"], bench.MODES["quick"]
+    assert bench.with_modes(gpu, None) is gpu
+    assert (gpu["overhead_compile"], gpu["speed"]["compiles"]) == ((False, True), (True, False))
+    for settings, modes, overhead, speed in [
+            (gpu, ["compiled"], (True,), (True,)), (gpu, ["eager"], (False,), (False,)),
+            (gpu, ["compiled", "eager"], (False, True), (True, False)), (quick, ["compiled"], (True,), (True,)),
+            (quick, ["compiled", "eager", "compiled"], (False, True), (False, True))]:
+        chosen = bench.with_modes(settings, modes)
+        assert (chosen["overhead_compile"], chosen["speed"]["compiles"]) == (overhead, speed), modes
+        others = lambda given: {key: value for key, value in given.items() if key not in ("overhead_compile", "speed")}
+        assert others(chosen) == others(settings)
+        assert {**chosen["speed"], "compiles": None} == {**settings["speed"], "compiles": None}
