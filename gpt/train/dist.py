@@ -91,8 +91,9 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
-                               timeout=datetime.timedelta(seconds=timeout_s))
+    with contextlib.redirect_stdout(sys.stderr):  # on CPU DeepSpeed prints that it built its shared-memory op
+        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
+                                   timeout=datetime.timedelta(seconds=timeout_s))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accelerator.set_device(local_rank)
     return torch.device(accelerator.device_name(local_rank))
