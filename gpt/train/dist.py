@@ -11,6 +11,7 @@ import platform
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -31,6 +32,11 @@ except ValueError as error:  # DeepSpeed picks its accelerator while it is impor
     exit_with(f"DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')!r} is not an accelerator DeepSpeed knows: one of "
               f"{', '.join(known)}, or unset to let DeepSpeed detect the device", status=2)
 from deepspeed.accelerator import get_accelerator  # noqa: E402
+
+# DeepSpeed 0.19's ZeRO calls torch.distributed.all_gather_into_tensor, deprecated from torch 2.13: a FutureWarning on
+# every rank of every run, about DeepSpeed's code, which a user can do nothing about
+warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
+                        category=FutureWarning)
 
 
 def device_type():
