@@ -10,7 +10,9 @@ Two phases. Start-up (from train_ds.py's first line to the first step: imports, 
 reading shards; minutes on a GPU cluster): there is nothing to save, so a stop ends the rank at once with
 one line and exit status 1, and a watchdog thread watches the launchers and ends a main thread stuck in
 C code (a rendezvous with a rank that is gone). Training (fit): finish the current step, save, exit 0, on
-every rank. This module imports no torch: train_ds.py starts it before torch and DeepSpeed load."""
+every rank; the rank says so at once (a CPU step can take minutes), and the same signal again, AT_ONCE_AFTER_S
+or more later, ends it at once without saving. This module imports no torch: train_ds.py starts it before torch
+and DeepSpeed load."""
 import os
 import select
 import signal
@@ -28,6 +30,9 @@ POLL_S = 1.0  # how often the start-up watchdog looks at the launchers
 # A Python signal handler runs only when the main thread is back in Python: a rendezvous with a rank that is
 # gone, or DeepSpeed's shm allreduce spinning on a dead peer's flag, never returns. Exit hard after this long.
 HARD_EXIT_AFTER_S = 10.0
+# In training a second stop signal this long after the first ends the rank at once. Sooner, it is the same request:
+# a terminal's Ctrl-C reaches the ranks and `deepspeed.launcher.launch`, which then sends each rank a SIGTERM.
+AT_ONCE_AFTER_S = 2.0
 
 
 def is_launcher(cmdline):
@@ -103,12 +108,14 @@ def importing(frame):
 class StopRequest:
     """Created first thing in a run. Until started(): a stop ends the rank now (StoppedDuringStartUp). After:
     SIGTERM/SIGINT, or a launcher gone, finishes the current step, saves, exits 0; any rank's request stops
-    every rank. close() puts the signal handlers back (runs in a test process end this way)."""
+    every rank; a signal again, AT_ONCE_AFTER_S or more later, ends the rank at once. close() puts the signal
+    handlers back (runs in a test process end this way)."""
 
     def __init__(self):
         self.requested = False
         self.starting = True
         self._leaving = False
+        self._first_signal_at = None  # in training
         self.launchers = launcher_processes()
         cut = cut_off_launch(self.launchers)
         if cut is not None:
@@ -136,12 +143,34 @@ class StopRequest:
         return StoppedDuringStartUp(self.message() if speaks else 1)
 
     def _handle(self, signum, frame):
-        self.requested = self.requested or signal.Signals(signum).name
-        if self.starting and not self._leaving:  # once: a second signal must not interrupt the way out
+        name = signal.Signals(signum).name
+        if not self.starting:
+            return self._stop_in_training(name)
+        self.requested = self.requested or name
+        if not self._leaving:  # once: a second signal must not interrupt the way out
             if importing(frame):  # an exception there can be swallowed and leave a half-imported module behind
-                self._exit_now()
+                self._exit_now(self.message())
             self._leaving = True
             raise self._start_up_stop()
+
+    def _stop_in_training(self, name):
+        """The first signal: the step ends, a checkpoint is saved (fit asks agreed() after each step); said at once.
+        The same again, AT_ONCE_AFTER_S or more later: exit now, without saving (a user who will not wait)."""
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self._first_signal_at = now
+            self.requested = self.requested or name
+            self._say(f"{name}: finishing this step, then saving and exiting ({name} again, {AT_ONCE_AFTER_S:.0f} s "
+                      f"or more from now, stops at once without saving)")
+        elif now - self._first_signal_at >= AT_ONCE_AFTER_S:
+            self._exit_now(f"error: stopped at once by a second {name}, without saving: the last complete "
+                           f"checkpoint stands (--resume auto continues from it)")
+
+    @staticmethod
+    def _say(line):
+        """One line on stderr from local rank 0, safe in a signal handler (no Python buffer to re-enter)."""
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            os.write(2, (line + "\n").encode())
 
     def _watch(self):
         """Start-up only: a launcher gone stops the main thread as a signal would; a stop the main thread has
@@ -164,13 +193,15 @@ class StopRequest:
                     stop_seen = time.monotonic()
                     signal.pthread_kill(self._main_thread, signal.SIGTERM)  # the handler sees self.requested
             if stop_seen and time.monotonic() - stop_seen > HARD_EXIT_AFTER_S:
-                self._exit_now(f"the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s")
+                # if the handler ran, the interpreter says the message on the way out
+                self._exit_now(None if self._leaving else
+                               f"{self.message()} (the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s)")
 
-    def _exit_now(self, why=None):
-        """The main thread is stuck where no Python runs (why), or inside an import: say so, release what a run
-        holds, exit."""
-        if os.environ.get("LOCAL_RANK", "0") == "0" and not self._leaving:  # else the interpreter said it
-            os.write(2, (self.message() + (f" ({why})" if why else "") + "\n").encode())
+    def _exit_now(self, line):
+        """The main thread is stuck where no Python runs, inside an import, or asked twice in training: say line
+        (None: said already), release what a run holds, exit 1."""
+        if line:
+            self._say(line)
         dist = sys.modules.get("gpt.train.dist")  # never import here: the main thread may hold the import lock
         if dist is not None:
             dist.release_cpu_comm_buffer()

@@ -1,9 +1,11 @@
 """Checkpoints through real runs: exact resume, SIGTERM, pruning, interrupted saves, world-size change,
 incompatible resumes, the fp16 minimum-scale diagnostic."""
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -108,6 +110,42 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", str(stopped_at + 3),
                           "--total_batch_tokens", "512", "--save_every", "0", "--resume", "auto")
     assert f"at step {stopped_at + 1}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(tmp_path, shakespeare_dir):
+    """Steps of seconds (a CPU run's can take minutes): a SIGINT is answered at once on stderr; the same again
+    AT_ONCE_AFTER_S later ends the run before the step does, exit 1, without a checkpoint of that step: the last
+    complete one stands. (tests/unit/test_stops.py: a second signal sooner is the same request.)"""
+    from gpt.train.stop import AT_ONCE_AFTER_S
+
+    cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "50", "--total_batch_tokens", "32768",  # ~8 s a step
+           "--save_every", "1", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = []  # (when, line)
+    reader = threading.Thread(target=lambda: stderr.extend((time.monotonic(), line) for line in proc.stderr))
+    reader.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith("step     0 | saved"):  # step 1 begins
+                break
+        proc.send_signal(signal.SIGINT)
+        first = time.monotonic()
+        time.sleep(AT_ONCE_AFTER_S + 0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 1
+    finally:
+        proc.kill()
+        reader.join()
+    said = [(when, line) for when, line in stderr if line.startswith(("SIGINT", "error"))]
+    assert [line for _, line in said] == [
+        f"SIGINT: finishing this step, then saving and exiting (SIGINT again, {AT_ONCE_AFTER_S:.0f} s or more from "
+        f"now, stops at once without saving)\n",
+        "error: stopped at once by a second SIGINT, without saving: the last complete checkpoint stands (--resume "
+        "auto continues from it)\n"]
+    assert said[0][0] - first < AT_ONCE_AFTER_S  # at once, before the second signal; the step takes ~8 s
+    assert checkpoint.complete_tags(tmp_path / "checkpoints") == ["step_00000000"]
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0]
 
 
 def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, shakespeare_dir):

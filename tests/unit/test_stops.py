@@ -67,3 +67,33 @@ def test_a_stale_lock_is_removed_on_a_local_file_system_and_reported_on_a_shared
         assert removed == [lock] and not lock.exists()
     else:
         assert removed == [] and lock.exists() and "If none is running, delete it" in lines[0]
+
+
+def test_in_training_a_stop_is_said_at_once_and_a_second_one_later_ends_the_rank_at_once(monkeypatch, capfd):
+    """The first signal after the first step: said on stderr at once, the step finishes and saves (requested).
+    The launcher's SIGTERM that follows a terminal's Ctrl-C within AT_ONCE_AFTER_S is the same request; the
+    signal again after that ends the rank at once, without saving. Before the first step: the start-up stop."""
+    clock = [100.0]
+    monkeypatch.setattr(stop.time, "monotonic", lambda: clock[0])
+    request = stop.StopRequest()
+    exits = []
+    monkeypatch.setattr(request, "_exit_now", exits.append)
+    try:
+        with pytest.raises(stop.StoppedDuringStartUp):
+            request._handle(stop.signal.SIGTERM, None)
+        request.started()
+        request.requested, request._leaving = False, False
+        capfd.readouterr()
+        request._handle(stop.signal.SIGINT, None)
+        assert request.requested == "SIGINT" and exits == []
+        assert capfd.readouterr().err == ("SIGINT: finishing this step, then saving and exiting (SIGINT again, 2 s or "
+                                          "more from now, stops at once without saving)\n")
+        clock[0] += stop.AT_ONCE_AFTER_S - 0.1  # deepspeed.launcher.launch passing the Ctrl-C on
+        request._handle(stop.signal.SIGTERM, None)
+        assert exits == [] and capfd.readouterr().err == "" and request.requested == "SIGINT"
+        clock[0] += 0.1
+        request._handle(stop.signal.SIGINT, None)
+        assert exits == ["error: stopped at once by a second SIGINT, without saving: the last complete checkpoint "
+                         "stands (--resume auto continues from it)"]
+    finally:
+        request.close()
