@@ -15,7 +15,8 @@ from gpt.data.shards import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.memory.probe import is_out_of_memory, on_every_rank, release_memory
 from gpt.train import checkpoint, dist, engine as ds_engine, start, universal
 from gpt.train.evaluate import sample_text, validation_loss
-from gpt.train.metrics import MetricsLogger, Progress, hparams_of, reset_peak_memory, step_metrics, step_profiler
+from gpt.train.metrics import (MetricsLogger, Progress, hparams_of, reset_peak_memory, slow_step_warning,
+                               step_metrics, step_profiler)
 from gpt.train.stop import StopRequest
 
 LOSS_SCALE_AT_MINIMUM = "Current loss scale already at minimum"
@@ -144,6 +145,9 @@ class Trainer:
              f"{sum(self.train_loader.batches_per_shard):,} steps/epoch; "
              + (f"validation on {len(self.val_set)} sequences of {data.seq_len} tokens" if self.val_set
                 else "no validation"))
+        slow = slow_step_warning(self.flops_per_step, self.peak_flops, self.world_size, self.device.type)
+        if slow:
+            say0(slow)
 
     # -- the run: resume, fit ------------------------------------------------------------------------------------
 
