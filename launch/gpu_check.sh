@@ -107,6 +107,7 @@ if part eval; then
   cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
 fi
 
+echo "all steps: $SECONDS s (budget $BUDGET s; the setup before this script is not counted)" | tee -a "$REPORT/steps.txt"
 python launch/gpu_summary.py "$REPORT" >"$REPORT/summary.md"
 cat "$REPORT/summary.md"
 exit "$failed"
