@@ -10,7 +10,7 @@ Two phases. Start-up (from train_ds.py's first line to the first step: imports, 
 reading shards; minutes on a GPU cluster): there is nothing to save, so a stop ends the rank at once with
 one line and exit status 1, and a watchdog thread watches the launchers and ends a main thread stuck in
 C code (a rendezvous with a rank that is gone). Training (fit): finish the current step, save, exit 0, on
-every rank; the rank says so at once (a CPU step can take minutes), and the same signal again, AT_ONCE_AFTER_S
+every rank; the rank says so at once (a CPU step can take minutes), and a second signal, AT_ONCE_AFTER_S
 or more later, ends it at once without saving. This module imports no torch: train_ds.py starts it before torch
 and DeepSpeed load."""
 import os
