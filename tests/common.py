@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL_VOCAB = 512
 
 
+def load_script(relative_path):
+    """A script of bench/ or launch/ (folders of scripts, not packages) as a module, for its functions."""
+    import importlib.util
+
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def join_single_rank_group():
     """A one-rank gloo process group inside the test process, for in-process DeepSpeed engines and training
     runs: one for the whole session, since DeepSpeed caches the group it first saw (a second one is 'not

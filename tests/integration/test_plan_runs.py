@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from common import load_script
 from conftest import REPO, out_dir_of, plain_shell_env, succeeded, two_rank_run
 from gpt.memory.plan import measure_step_bytes
 from gpt.model.model import GPTConfig
@@ -74,12 +75,7 @@ def test_gpt_plan_in_a_plain_shell_prints_only_json_and_measure_needs_a_gpu():
 
 
 def batch_report():
-    """bench/batch_report.py as a module (bench/ is scripts, not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("batch_report", REPO / "bench" / "batch_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/batch_report.py")
 
 
 @pytest.mark.slow

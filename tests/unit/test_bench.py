@@ -1,16 +1,7 @@
 """bench/train.py's loss section, bookkeeping only: stand-ins for the trainer and --micro_batch auto (its runs:
 tests/integration/test_bench_runs.py)."""
-import importlib.util
-
-from common import REPO
+from common import load_script
 from gpt.model.loss import liger_problem
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):
@@ -18,7 +9,7 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
     stand-ins for the trainer and --micro_batch auto: the classic sweep ends at its first out-of-memory, a size
     past it that auto picked is reported out of memory without a run, and the verdict names the fastest fused
     kernel against the classic loss's best and its memory against the classic loss's at the fixed size."""
-    bench = load_bench()
+    bench = load_script("bench/train.py")
     runs = []
 
     def throughput(settings, repeats):
@@ -51,7 +42,7 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
 def test_modes_choose_the_eager_and_compiled_rows_of_the_overhead_and_speed_sections():
     """--modes compiled (launch/gpu_check.sh) keeps a GPU's compiled rows alone; --modes eager on a GPU, or
     compiled on CPU, measures that mode only; both keep the mode's order; other sections are untouched."""
-    bench = load_bench()
+    bench = load_script("bench/train.py")
     gpu, quick = bench.MODES["gpu"], bench.MODES["quick"]
     assert bench.with_modes(gpu, None) is gpu
     assert (gpu["overhead_compile"], gpu["speed"]["compiles"]) == ((False, True), (True, False))

@@ -2,20 +2,12 @@
 (tests/data/gpu_report_h100_2026-11-26: that call's files, its launcher lines and pytest's log cut; its measure
 JSON is tests/data/gpu_measure_h100_zero1_bf16_compiled_2026-11-26.json). Its bench step was cut after the
 compiled speed rows, before bench.json held them: the test writes them from its bench.md."""
-import importlib.util
 import json
 import shutil
 
-from common import REPO
+from common import REPO, load_script
 
 DATA = REPO / "tests" / "data"
-
-
-def load_summary():
-    spec = importlib.util.spec_from_file_location("gpu_summary", REPO / "launch" / "gpu_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def report_dir(tmp_path):
@@ -26,7 +18,7 @@ def report_dir(tmp_path):
 
 
 def test_the_summary_of_a_real_report_sets_the_main_job_against_the_plain_compiled_loop(tmp_path):
-    summary = load_summary()
+    summary = load_script("launch/gpu_summary.py")
     report = report_dir(tmp_path)
     text = summary.summary(report)
     assert text.startswith("# GPU acceptance run\n\n2026-11-26\nNVIDIA H100 80GB HBM3")
@@ -50,7 +42,7 @@ def test_the_summary_of_a_real_report_sets_the_main_job_against_the_plain_compil
 
 
 def test_the_summary_of_a_report_cut_short_says_what_did_not_run(tmp_path):
-    summary = load_summary()
+    summary = load_script("launch/gpu_summary.py")
     report = tmp_path / "report"
     report.mkdir()
     (report / "measure_zero1_bf16.json").write_text('{"model": "d12", "rows": [')  # cut by the step's time limit
