@@ -10,12 +10,13 @@ if __name__ == "__main__":  # first: importing torch and DeepSpeed takes seconds
     from gpt.train.stop import StopRequest
     STOP = StopRequest()
 
-from gpt.train import trainer  # noqa: E402
 from gpt.commands.train import parse  # noqa: E402
 
 
 def main(argv=None, stop=None):
-    trainer.train(parse(argv), stop)
+    settings = parse(argv)  # --help and a bad flag answer before DeepSpeed is imported (and logs its accelerator)
+    from gpt.train import trainer
+    trainer.train(settings, stop)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 #   env.txt           GPU, driver, torch, DeepSpeed, date
 #   main.out/.log     first, the main job exactly as README starts it, on every GPU here: every default
 #                     (zero1_bf16, d12, --loss fused, compiled, --micro_batch auto) for 30 steps with validation,
-#                     a sample and a save; main_resume.*: --resume auto for 10 more. summary.md: the micro-batch
+#                     a sample and a save; main_resume.*: --resume auto for 10 more (auto keeps the size of the
+#                     checkpoint's run: no probe; 2026-11-26 it probed again, 256 and 128). summary.md: the micro-batch
 #                     auto chose, steady tokens/s, MFU and peak memory (the plain compiled loop: bench below)
 #   pytest.txt        python -m pytest -m gpu tests --durations=8 (tests/integration/test_gpu.py: tiny models,
 #                     side by side), but its d12 --micro_batch auto test, which the main step has just done with

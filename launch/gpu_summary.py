@@ -28,14 +28,15 @@ def plain_compiled_tokens_per_s(report):
 
 
 def main_job(report):
-    """The main job's lines: what auto chose, the resume, steps STEADY_FROM.. (median tokens/s and its MFU, the
+    """The main job's lines: what auto chose, in the run and its resume, the resume, steps STEADY_FROM.. (median tokens/s and its MFU, the
     peak), and the ratio to the plain compiled loop."""
     metrics = report / "main" / "metrics.jsonl"
     if not metrics.exists():
         return "## The main job (every default)\n\n(not run)\n"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     said = [line for line in text(report, "main.out").splitlines() if "--micro_batch auto:" in line]
-    said += [line for line in text(report, "main_resume.out").splitlines() if "resumed from" in line]
+    said += [line for line in text(report, "main_resume.out").splitlines()  # auto there: kept, or probed again
+             if "--micro_batch auto:" in line or "resumed from" in line]
     lines = ["## The main job (every default)", "", *said, ""]
     steady = sorted((r for r in records if "tokens_per_s" in r and r["step"] >= STEADY_FROM),
                     key=lambda r: r["tokens_per_s"])

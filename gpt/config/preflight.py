@@ -17,7 +17,7 @@ from gpt.console import BadInput, say0
 from gpt.data.shards import check_lengths, check_shards, find_shards, fingerprints, unfinished_preparations
 from gpt.model.loss import liger_problem, memory_kind
 from gpt.model.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, preset_config
-from gpt.memory.plan import auto_micro_batch, model_memory_problem
+from gpt.memory.plan import auto_micro_batch, auto_record, model_memory_problem
 from gpt.train.metrics import profiled_steps_needed
 from gpt.config.settings import GPT3_WARMUP_STEPS, Settings
 
@@ -63,7 +63,9 @@ def preflight(settings, world_size, device_type):
                                                                               decided)
     for warning in unfinished_preparations(settings.data.dir):
         say0(warning, sys.stderr)
-    run_config = run_config_of(settings, ds_config, model_config, world_size)
+    auto = auto_record(model_config, settings.data.seq_len, ds_config, world_size, device_type, settings.model.loss,
+                       settings.model.compile, settings.run.deterministic) if auto_plan else None
+    run_config = run_config_of(settings, ds_config, model_config, world_size, auto)
     kind = None
     if resume_from is not None:
         checkpoint.check_compatible(resume_from, saved, run_config)
@@ -238,9 +240,13 @@ def model_flags(settings):
     return " ".join([f"--model {settings.model.preset}", *given])
 
 
-def run_config_of(settings, ds_config, model_config, world_size):
+AUTO = "micro_batch_auto"  # run_config's key for gpt.memory.plan.auto_record, when --micro_batch auto chose the size
+
+
+def run_config_of(settings, ds_config, model_config, world_size, auto=None):
     """What a checkpoint records about the run that wrote it; the train shards' fingerprints let the next
-    resume see, before launch, whether its data position still points into the same tokens."""
+    resume see, before launch, whether its data position still points into the same tokens; `auto`: what
+    --micro_batch auto's choice depended on, when it chose the micro-batch."""
     return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": dsc.precision(ds_config),
             "zero_stage": dsc.zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
-            "data": fingerprints(find_shards(settings.data.dir, "train"))}
+            "data": fingerprints(find_shards(settings.data.dir, "train")), **({AUTO: auto} if auto else {})}

@@ -17,7 +17,10 @@ Per GPU it adds up
 - the loss's transient buffers (the logits gradient in fp32), a framework/context reserve and an
   allocator margin,
 and returns the largest micro-batch that fits and the gradient accumulation for --total_batch_tokens."""
+import dataclasses
 import functools
+import hashlib
+import json
 import os
 import warnings
 
@@ -254,6 +257,20 @@ def device_total_bytes(device_type):
     total = psutil.virtual_memory().total
     return total / local_ranks, f"this machine's {total / GiB:,.1f} GiB of RAM" + (
         f" shared by {local_ranks} local ranks" if local_ranks > 1 else "")
+
+
+def auto_record(config, seq_len, ds_config, world_size, device_type, loss, compiled, deterministic):
+    """What --micro_batch auto's choice depends on but the token budget, as a checkpoint records it: the device (its
+    name, all its memory, the CUDA allocator's mode), the run's shape (model, seq_len, world size, a digest of the
+    DeepSpeed JSON) and its step (loss, compile, --deterministic). A resume whose record is equal keeps the
+    checkpoint's micro-batch (gpt.train.start.kept_micro_batch)."""
+    total, _ = device_total_bytes(device_type)
+    cuda = device_type == "cuda"
+    digest = hashlib.sha256(json.dumps(ds_config, sort_keys=True).encode()).hexdigest()[:16]
+    return {"device": torch.cuda.get_device_name() if cuda else device_type, "memory_bytes": int(total),
+            "allocator": ("expandable_segments" if expandable_segments() else "default") if cuda else "cpu",
+            "model": dataclasses.asdict(config), "seq_len": seq_len, "world_size": world_size,
+            "ds_config_sha256": digest, "loss": loss, "compile": compiled, "deterministic": deterministic}
 
 
 def model_memory_problem(label, config, ds_config, world_size, device_type):

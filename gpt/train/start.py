@@ -1,7 +1,8 @@
 """A run's start, before its first step: prepare(settings) -> Setup. Every check before launch
-(gpt/config/preflight.py), out_dir's run lock, the process group, then on a GPU --micro_batch auto's probe by
-real steps; and new_engine, which builds every engine a run steps (the probe's throwaway ones too), so that the
-probe measures the step the run takes."""
+(gpt/config/preflight.py), out_dir's run lock, the process group, then --micro_batch auto's size: on a resume of
+the same run on a like device the checkpoint's, else on a GPU the probe's by real steps; and new_engine, which
+builds every engine a run steps (the probe's throwaway ones too), so that the probe measures the step the run
+takes."""
 import sys
 import time
 from dataclasses import replace
@@ -10,10 +11,10 @@ from pathlib import Path
 import torch
 
 from gpt.config import ds_config as dsc, hardware
-from gpt.config.preflight import gradient_accumulation, model_flags, preflight, run_config_of
+from gpt.config.preflight import AUTO, gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
 from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
-from gpt.memory.probe import dividing_sizes, probe_micro_batch
+from gpt.memory.probe import dividing_sizes, on_every_rank, probe_micro_batch
 from gpt.model.model import GPT, param_count
 from gpt.model.wrap import loss_label
 from gpt.train import checkpoint, dist, run_lock, universal
@@ -22,9 +23,12 @@ from gpt.train.hf import load_hf_weights
 
 
 def prepare(settings):
-    """setup(), and on a GPU probe() for --micro_batch auto (on CPU the plan alone decides)."""
+    """setup(); then --micro_batch auto: on a resume where the size was chosen for this same run and device, that size
+    (kept_micro_batch), else on a GPU probe() (on CPU the plan alone decides)."""
     prepared = setup(settings)
-    return probe(prepared) if prepared.auto_plan and prepared.device.type != "cpu" else prepared
+    if prepared.auto_plan is None:
+        return prepared
+    return kept_micro_batch(prepared) or (probe(prepared) if prepared.device.type != "cpu" else prepared)
 
 
 def setup(settings):
@@ -121,7 +125,8 @@ def with_micro_batch(setup, micro_batch):
     """The setup at another micro-batch: its accumulation and run config follow."""
     settings, world_size = setup.settings.replace(micro_batch=micro_batch), dist.world_size()
     return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings.data, world_size),
-                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size))
+                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size,
+                                            setup.run_config.get(AUTO)))
 
 
 def forget_compiled_code(setup):
@@ -129,6 +134,23 @@ def forget_compiled_code(setup):
     memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
     if setup.settings.model.compile:
         torch._dynamo.reset()
+
+
+def kept_micro_batch(setup):
+    """--micro_batch auto resuming a checkpoint whose micro-batch auto chose for what this run is, on a device like
+    this one (run_config's AUTO records equal: gpt.memory.plan.auto_record): the setup at that size, when it still
+    divides the token budget within the plan, else None. No probe then, and the resumed run takes the steps the
+    interrupted one would have taken: a probe or the plan may choose otherwise today (free memory, a first step's
+    fallback, free RAM on CPU). Every rank must agree (one collective); the first step's fallback still applies."""
+    saved = checkpoint.read_run_config(setup.resume_from) if setup.resume_from else {}
+    size, data, record = saved.get("args", {}).get("micro_batch"), setup.settings.data, setup.run_config.get(AUTO)
+    fits = dividing_sizes(data.total_batch_tokens, data.seq_len, dist.world_size(), setup.auto_plan["micro_batch"])
+    if not on_every_rank(record is not None and saved.get(AUTO) == record and size in fits, setup.device):
+        return None
+    setup = with_micro_batch(setup, size)
+    say0(f"--micro_batch auto: kept micro_batch {size} x grad_accum {setup.grad_accum}, which the checkpoint's run "
+         f"chose for this same run on {record['device']}")
+    return setup
 
 
 def probe(setup):

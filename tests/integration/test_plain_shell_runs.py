@@ -63,3 +63,11 @@ def test_the_cpu_demo_config_choice_in_a_plain_shell():
     """gpt.commands.hardware, which launch/cpu_demo.sh reads with $(...): one line, a DeepSpeed JSON of ds_configs/."""
     (line,) = run("-m", "gpt.commands.hardware").stdout.splitlines()
     assert line in ("ds_configs/zero2_bf16.json", "ds_configs/zero2_fp32.json") and (REPO / line).is_file()
+
+
+@pytest.mark.slow
+def test_the_trainers_help_in_a_plain_shell_is_its_own_alone():
+    """train_ds.py --help answers before DeepSpeed is imported: the flags on stdout, nothing on stderr (DeepSpeed
+    logs its accelerator choice at import)."""
+    proc = run("train_ds.py", "--help")
+    assert proc.stdout.startswith("usage: train_ds.py") and "--micro_batch" in proc.stdout and proc.stderr == ""

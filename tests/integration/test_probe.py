@@ -178,6 +178,45 @@ def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out
     assert train_losses(auto) == pytest.approx(train_losses(fixed), rel=1e-6) and len(train_losses(auto)) == 3
 
 
+def test_a_resume_under_auto_keeps_the_size_its_run_chose_and_a_changed_run_chooses_again(tmp_path, shakespeare_dir,
+                                                                                         monkeypatch):
+    """--micro_batch auto on a resume: the size the checkpoint's run chose (here by its first step's fallback, which
+    the plan cannot know) is kept for the same run on the same device, in one line, with no fallback again, and the
+    run goes on bit for bit as the uninterrupted one; a run changed in what the choice depends on chooses again."""
+    def limited(hidden, weight, targets, real_vocab_size):
+        if hidden.shape[0] > 16 * 64:
+            raise torch.OutOfMemoryError("simulated: over 16 sequences")
+        return chunked_cross_entropy(hidden, weight, targets, real_vocab_size)
+
+    monkeypatch.setattr(losses, "fused_loss", lambda *args: (limited, "chunked, out of memory over 16 sequences"))
+    args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "2048", "--micro_batch", "auto"]
+    whole, proc = train(tmp_path / "whole", shakespeare_dir, *args, "--save_every", "2")
+    assert "falling back to 16" in proc.stdout
+    step_1 = str(tmp_path / "whole" / "checkpoints" / "step_00000001")
+    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *args, "--resume", step_1)
+    assert ("--micro_batch auto: kept micro_batch 16 x grad_accum 2, which the checkpoint's run chose for this same "
+            "run on cpu") in proc.stdout.splitlines()
+    assert "falling back" not in proc.stdout
+    assert train_losses(resumed) == train_losses(whole)[2:]  # exact equality, not a tolerance
+    _, proc = train(tmp_path / "changed", shakespeare_dir, *args, "--deterministic", "--resume", step_1)
+    assert "kept micro_batch" not in proc.stdout
+    assert "micro-batch 32 ran out of memory in the run's first step; falling back to 16" in proc.stdout
+
+
+AUTO_RUN = [*TINY, "--max_steps", "4", "--total_batch_tokens", "2048", "--micro_batch", "auto", "--save_every", "2",
+            "--data", "{shakespeare_dir}"]
+
+
+@pytest.mark.two_rank_runs({"auto_whole": two_rank_run(*AUTO_RUN), "auto_resumed": two_rank_run(
+    *AUTO_RUN, "--resume", "{runs}/auto_whole/checkpoints/step_00000001")})
+def test_two_ranks_resume_under_auto_at_the_size_their_run_chose(two_rank_runs):
+    """Both ranks agree to keep the checkpoint's size (one collective), and the run goes on bit for bit."""
+    (whole, _), (resumed, proc) = succeeded(two_rank_runs["auto_whole"]), succeeded(two_rank_runs["auto_resumed"])
+    assert ("--micro_batch auto: kept micro_batch 16 x grad_accum 1, which the checkpoint's run chose for this same "
+            "run on cpu") in proc.stdout.splitlines()
+    assert train_losses(resumed) == train_losses(whole)[2:] and len(train_losses(resumed)) == 2
+
+
 def test_auto_exits_with_one_line_when_even_the_smallest_size_runs_out_of_memory(tmp_path, shakespeare_dir,
                                                                                  monkeypatch):
     def never_fits(hidden, weight, targets, real_vocab_size):

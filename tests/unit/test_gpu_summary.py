@@ -23,8 +23,9 @@ def test_the_summary_of_a_real_report_sets_the_main_job_against_the_plain_compil
     text = summary.summary(report)
     assert text.startswith("# GPU acceptance run\n\n2026-11-26\nNVIDIA H100 80GB HBM3")
     assert "main: exit 0 in 146 s (limit 180 s)\n" in text and "eval: skipped, the 510 s budget is spent" in text
-    assert ("--micro_batch auto: planned 256 (largest fitting the plan: 260), probed 128: micro_batch 128 x "
-            "grad_accum 4\n") in text
+    # the run's and then the resume's: that call's resume probed again (a resume now keeps the checkpoint's size)
+    assert text.count("--micro_batch auto: planned 256 (largest fitting the plan: 260), probed 128: micro_batch 128 x "
+                      "grad_accum 4\n") == 2
     assert "resumed from /tmp/report/main/checkpoints/step_00000029 at step 30" in text
     # steps 10..39 of both runs: 30 records, the median the 16th slowest
     assert "steps 10..39: median 488,594 tokens/s, MFU 0.423, peak 42.95 GiB; last val_loss [6.269104957580566]" in text

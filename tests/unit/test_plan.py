@@ -9,8 +9,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from common import REPO
 from gpt.memory.plan import measure_step_bytes
 from gpt.model.model import PRESETS, GPTConfig
-from gpt.memory.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, element_bytes, loss_chunk_element_bytes,
-                             make_plan, model_state_bytes)
+from gpt.memory.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, auto_record, element_bytes,
+                             loss_chunk_element_bytes, make_plan, model_state_bytes)
 from gpt.console import BadInput
 from gpt.config.ds_config import load as load_ds_config
 
@@ -178,3 +178,18 @@ def test_several_configs_and_losses_plan_each(capsys):
     code, out, _ = gpt_plan(capsys, "--gpu", "v100-32gb", "--ds_config", "ds_configs/zero2_fp16.json",
                             "ds_configs/zero2_fp16_ckpt.json")
     assert out.count("max micro-batch") == 2 and "v100-32gb, ds_configs/zero2_fp16_ckpt.json: 124M" in out
+
+
+def test_what_auto_chose_a_size_for_is_recorded_whole_and_any_change_makes_another_record():
+    """A checkpoint's record of what --micro_batch auto's choice depended on (gpt.train.start.kept_micro_batch keeps
+    the saved size only for an equal one): it survives run_config.json's round trip, and each input changes it."""
+    ds_config = load_ds_config(REPO / "ds_configs/zero1_bf16.json")
+    inputs = dict(config=PRESETS["tiny"], seq_len=64, ds_config=ds_config, world_size=1, device_type="cpu",
+                  loss="fused", compiled=False, deterministic=False)
+    record = auto_record(**inputs)
+    assert json.loads(json.dumps(record)) == record == auto_record(**inputs)
+    assert record["device"] == "cpu" and record["memory_bytes"] > 0
+    changes = dict(config=PRESETS["d4"], seq_len=128, world_size=2, loss="classic", compiled=True, deterministic=True,
+                   ds_config={**ds_config, "zero_optimization": {**ds_config["zero_optimization"],
+                                                                 "reduce_bucket_size": 1}})
+    assert [name for name, value in changes.items() if auto_record(**{**inputs, name: value}) == record] == []
