@@ -1,12 +1,16 @@
-"""DeepSpeed's CPU Adam resumed at its 6th step (checkpoints through real runs:
-tests/integration/test_checkpoint_runs.py)."""
+"""DeepSpeed's CPU Adam resumed at its 6th step; a checkpoint's files summed beside its universal form being made
+(checkpoints through real runs: tests/integration/test_checkpoint_runs.py)."""
 import copy
+import errno
+import os
 import types
+from pathlib import Path
 
 import pytest
 import torch
 from deepspeed.ops.adam import FusedAdam
 
+from gpt.train import checkpoint, universal
 from gpt.train.engine import replay_adam_step_count
 
 
@@ -39,3 +43,23 @@ def test_cpu_adam_resumed_at_its_6th_step_steps_as_the_uninterrupted_one_only_wh
         replay_adam_step_count(types.SimpleNamespace(basic_optimizer=resumed))
     steps(resumed, resumed_params, grads[5:])
     assert all(torch.equal(p, q) for p, q in zip(params, resumed_params)) == replayed
+
+
+def test_a_checkpoints_files_are_summed_without_walking_its_universal_form_being_made(tmp_path, monkeypatch):
+    """Every rank sums a checkpoint's files before the process group exists (its completeness, check_space) while
+    rank 0 may be making its universal form inside it (gpt/train/universal.py): universal.tmp/ is renamed and
+    removed under the walk. Emulated: scanning any folder of the universal form fails as a vanished one does."""
+    step = tmp_path / "step_00000003"
+    for folder in ("universal.tmp/universal/zero", "universal/zero", "zero/wte"):
+        (step / folder).mkdir(parents=True)
+    (step / "mp_rank_00_model_states.pt").write_bytes(b"m" * 10)
+    (step / "zero" / "wte" / "fp32.pt").write_bytes(b"w" * 3)
+    (step / checkpoint.COMPLETE).write_text("{}")
+    scandir = os.scandir
+
+    def vanishing(path="."):
+        if {universal.UNIVERSAL, universal.UNIVERSAL_TEMPORARY} & set(Path(path).relative_to(tmp_path).parts):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", vanishing)
+    assert checkpoint.file_sizes(step) == {"mp_rank_00_model_states.pt": 10, "zero/wte/fp32.pt": 3}
