@@ -28,8 +28,8 @@ def plain_compiled_tokens_per_s(report):
 
 
 def main_job(report):
-    """The main job's lines: what auto chose, in the run and its resume, the resume, steps STEADY_FROM.. (median tokens/s and its MFU, the
-    peak), and the ratio to the plain compiled loop."""
+    """The main job's lines: what auto chose in the run and in its resume, the resume, steps STEADY_FROM.. (median
+    tokens/s and its MFU, the peak), and the ratio to the plain compiled loop."""
     metrics = report / "main" / "metrics.jsonl"
     if not metrics.exists():
         return "## The main job (every default)\n\n(not run)\n"

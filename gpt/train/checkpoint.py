@@ -73,7 +73,10 @@ def file_sizes(path):
     """name -> bytes of every file in a checkpoint directory but its completion marker and its universal form
     (universal/ and the universal.tmp/ it is built in: made from the checkpoint later, not part of it). Those are
     not walked at all: rank 0 may be renaming and removing them while the other ranks sum the files."""
-    own = [p for p in Path(path).iterdir() if p.name not in (UNIVERSAL, UNIVERSAL_TEMPORARY)]
+    try:
+        own = [p for p in Path(path).iterdir() if p.name not in (UNIVERSAL, UNIVERSAL_TEMPORARY)]
+    except (FileNotFoundError, NotADirectoryError):  # none, or pruned meanwhile: no files, as rglob found none
+        return {}
     files = sorted(own + [p for folder in own if folder.is_dir() for p in folder.rglob("*")])
     return {str(p.relative_to(path)): p.stat().st_size for p in files if p.is_file() and p.name != COMPLETE}
 
