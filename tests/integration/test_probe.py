@@ -158,17 +158,22 @@ def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(two_
     assert "--micro_batch auto: planned 32" in out.stdout and "probed 4: micro_batch 4 x grad_accum 8" in out.stdout
 
 
-def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, shakespeare_dir,
-                                                                                          monkeypatch):
-    """--micro_batch auto whose size then runs out of memory in the run's first step (compiled; out-of-memory
-    simulated in the loss): the run is built again at the next smaller size that divides the token budget, one line
-    each time, and trains as a run started at that size does."""
+def out_of_memory_over_16_sequences(monkeypatch):
+    """The fused loss of runs at seq_len 64 raises a GPU's out-of-memory above 16 sequences, simulated."""
     def limited(hidden, weight, targets, real_vocab_size):
         if hidden.shape[0] > 16 * 64:
             raise torch.OutOfMemoryError("simulated: over 16 sequences")
         return chunked_cross_entropy(hidden, weight, targets, real_vocab_size)
 
     monkeypatch.setattr(losses, "fused_loss", lambda *args: (limited, "chunked, out of memory over 16 sequences"))
+
+
+def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, shakespeare_dir,
+                                                                                          monkeypatch):
+    """--micro_batch auto whose size then runs out of memory in the run's first step (compiled; out-of-memory
+    simulated in the loss): the run is built again at the next smaller size that divides the token budget, one line
+    each time, and trains as a run started at that size does."""
+    out_of_memory_over_16_sequences(monkeypatch)
     args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "2048", "--compile"]
     auto, proc = train(tmp_path / "auto", shakespeare_dir, *args, "--micro_batch", "auto")
     fallbacks = [line for line in proc.stdout.splitlines() if "falling back" in line]
@@ -183,12 +188,7 @@ def test_a_resume_under_auto_keeps_the_size_its_run_chose_and_a_changed_run_choo
     """--micro_batch auto on a resume: the size the checkpoint's run chose (here by its first step's fallback, which
     the plan cannot know) is kept for the same run on the same device, in one line, with no fallback again, and the
     run goes on bit for bit as the uninterrupted one; a run changed in what the choice depends on chooses again."""
-    def limited(hidden, weight, targets, real_vocab_size):
-        if hidden.shape[0] > 16 * 64:
-            raise torch.OutOfMemoryError("simulated: over 16 sequences")
-        return chunked_cross_entropy(hidden, weight, targets, real_vocab_size)
-
-    monkeypatch.setattr(losses, "fused_loss", lambda *args: (limited, "chunked, out of memory over 16 sequences"))
+    out_of_memory_over_16_sequences(monkeypatch)
     args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "2048", "--micro_batch", "auto"]
     whole, proc = train(tmp_path / "whole", shakespeare_dir, *args, "--save_every", "2")
     assert "falling back to 16" in proc.stdout
