@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU acceptance run: every CUDA path of the project and the figures README and docs/ quote, measured on the
-# CUDA GPUs of this machine in one command (planned: 9 minutes on a bare H100 with ../shared/gpu/setup.sh's ~25 s;
-# measured 2026-11-26: main 146 s, main_resume 62 s, pytest -m gpu 143 s alone, measure 57 s, bench's compiled
-# rows 74 s).
+# CUDA GPUs of this machine in one command (one H100, 2026-11-27: 511 s from a bare machine with
+# ../shared/gpu/setup.sh; main 145 s, main_resume 57 s, pytest 85 s, measure 66 s, bench 78 s, eval 22 s,
+# hellaswag 13 s).
 # Writes REPORT_DIR:
 #   env.txt           GPU, driver, torch, DeepSpeed, date
 #   main.out/.log     first, the main job exactly as README starts it, on every GPU here: every default
 #                     (zero1_bf16, d12, --loss fused, compiled, --micro_batch auto) for 30 steps with validation,
 #                     a sample and a save; main_resume.*: --resume auto for 10 more (auto keeps the size of the
-#                     checkpoint's run: no probe; 2026-11-26 it probed again, 256 and 128). summary.md: the micro-batch
+#                     checkpoint's run: no probe). summary.md: the micro-batch
 #                     auto chose, steady tokens/s, MFU and peak memory (the plain compiled loop: bench below)
 #   pytest.txt        python -m pytest -m gpu tests --durations=8 (tests/integration/test_gpu.py: tiny models,
 #                     side by side), but its d12 --micro_batch auto test, which the main step has just done with
@@ -74,8 +74,8 @@ if part main; then  # README's GPU recipe with every default; only the length, t
   GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
   MAIN=(deepspeed --num_gpus "$GPUS" train_ds.py --ds_config ds_configs/zero1_bf16.json --micro_batch auto
         --data "$DATA" --out_dir "$REPORT/main" --val_every 10 --sample_every 30)
-  step main 180 "${MAIN[@]}" --max_steps 30          # 2026-11-26: 146 s on a fresh machine (FusedAdam's build)
-  step main_resume 100 "${MAIN[@]}" --max_steps 40 --resume auto   # 2026-11-26: 62 s
+  step main 180 "${MAIN[@]}" --max_steps 30          # 2026-11-27: 145 s on a bare machine (FusedAdam's build)
+  step main_resume 100 "${MAIN[@]}" --max_steps 40 --resume auto   # 2026-11-27: 57 s
 fi
 
 if part pytest; then
