@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 
 from gpt.console import Parser, exit_if, exit_with, out_dir_problem, regular_file_problem
-from gpt.train.checkpoint import COMPLETE, complete_tags
 from gpt.train.hf import MODEL_FILES, export
 
 
 def check_args(args):
     """The checkpoint exists; --out_dir can be written and holds neither checkpoints nor (without --overwrite)
     another model's files."""
+    from gpt.train.checkpoint import COMPLETE, complete_tags  # after parsing: it imports DeepSpeed (gpt.train.hf)
+
     out = Path(args.out_dir)
     if not Path(args.checkpoint).exists():
         return [f"{args.checkpoint}: checkpoint not found"]

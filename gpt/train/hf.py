@@ -19,8 +19,9 @@ import torch
 from gpt.console import BadInput, atomic_write, warn, write_problem
 from gpt.data.tokenizer import ENCODER_JSON_SHA256, EOT_TEXT, EOT_TOKEN, VOCAB_BPE_SHA256, gpt2_bpe_files
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
-from gpt.train.checkpoint import find_checkpoint, read_run_config
-from gpt.train.universal import read_weights
+
+# gpt.train.checkpoint and .universal are imported where a checkpoint is read: they import DeepSpeed, which logs
+# its accelerator choice while it is imported and takes a second, and gpt-eval/-sample/-export --help need neither.
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
@@ -178,6 +179,8 @@ def export(checkpoint_path, out_dir):
     (an earlier export's are removed), and a warning line says so."""
     from safetensors.torch import save_file
 
+    from gpt.train.universal import read_weights
+
     state, config = read_weights(checkpoint_path)
     files = {"config.json": json.dumps(hf_config(config), indent=2).encode(), **tokenizer_files(config)}
     out_dir = Path(out_dir)
@@ -219,6 +222,9 @@ def model_source(args):
     """(the model's GPTConfig, a function returning the model in eval mode) from --checkpoint or --hf: the
     shape is read without the weights, so that the input can be checked against it first."""
     if args.checkpoint:
+        from gpt.train.checkpoint import find_checkpoint, read_run_config
+        from gpt.train.universal import read_weights
+
         path = find_checkpoint(args.checkpoint, None)  # once: a damaged newer one is warned about once
         config = GPTConfig(**read_run_config(path)["model"])
         weights = lambda: read_weights(path)[0]  # noqa: E731

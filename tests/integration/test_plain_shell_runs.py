@@ -66,8 +66,15 @@ def test_the_cpu_demo_config_choice_in_a_plain_shell():
 
 
 @pytest.mark.slow
-def test_the_trainers_help_in_a_plain_shell_is_its_own_alone():
-    """train_ds.py --help answers before DeepSpeed is imported: the flags on stdout, nothing on stderr (DeepSpeed
-    logs its accelerator choice at import)."""
-    proc = run("train_ds.py", "--help")
-    assert proc.stdout.startswith("usage: train_ds.py") and "--micro_batch" in proc.stdout and proc.stderr == ""
+@pytest.mark.parametrize("command, usage, flag", [
+    (["train_ds.py"], "usage: train_ds.py", "--micro_batch"),
+    (["-m", "gpt.commands.eval"], "usage: ", "--checkpoint"),
+    (["-m", "gpt.commands.sample"], "usage: ", "--max_new_tokens"),
+    (["-m", "gpt.commands.export"], "usage: ", "--out_dir"),
+    (["-m", "gpt.commands.plan"], "usage: ", "--ds_config"),
+], ids=["train_ds.py", "gpt-eval", "gpt-sample", "gpt-export", "gpt-plan"])
+def test_a_commands_help_in_a_plain_shell_is_its_own_alone(command, usage, flag):
+    """--help answers before DeepSpeed is imported: the flags on stdout, nothing on stderr (DeepSpeed logs its
+    accelerator choice at import)."""
+    proc = run(*command, "--help")
+    assert proc.stdout.startswith(usage) and flag in proc.stdout and proc.stderr == "", proc.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-import gpt.train.hf
+import gpt.train.universal
 from common import SMALL_VOCAB
 from gpt.commands.export import main as export_main
 from gpt.train.hf import TOKENIZER_FILES, load_hf_weights
@@ -45,7 +45,7 @@ def export_random_model(config, tmp_path, monkeypatch):
         for parameter in model.parameters():
             if parameter.dim() == 2:
                 parameter.normal_(std=0.5)
-    monkeypatch.setattr(gpt.train.hf, "read_weights", lambda path: (model.state_dict(), config))
+    monkeypatch.setattr(gpt.train.universal, "read_weights", lambda path: (model.state_dict(), config))
     (tmp_path / "checkpoint").mkdir()
     export_main([str(tmp_path / "checkpoint"), "--out_dir", str(tmp_path / "hf"), "--overwrite"])
     return model
