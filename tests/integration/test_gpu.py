@@ -5,9 +5,9 @@ DeepSpeed's FusedAdam JIT build; the bench's smoke run; gpt-eval / gpt-sample on
 to itself, gpt-plan --measure and --micro_batch auto. The tiny model wherever d12 itself is not the point (only
 --micro_batch auto filling the GPU is): a run's start (Python, DeepSpeed, CUDA, NCCL) costs more than its tiny
 steps, so the runs the other tests read start side by side (gpu_runs). `python -m pytest -m gpu tests` runs
-these (the `pytest` step of launch/gpu_check.sh, 150 s at most; on an H100, 2026-11-26: 143 s on a fresh machine,
-FusedAdam's build included, 14 passed, the bf16 fused loss's memory failed, fixed since). Skipped where there is no
-CUDA (CI)."""
+these (the `pytest` step of launch/gpu_check.sh, 150 s at most; on an H100, 2026-11-27: 14 passed in 82 s after the
+main step, --micro_batch auto's test left to that step; 2026-11-26: the bf16 fused loss's memory failed, fixed
+since). Skipped where there is no CUDA (CI)."""
 import json
 import os
 import re
