@@ -241,4 +241,5 @@ def run(args, config, plan_for):
             row = measure_row(new_engine, plan, args.total_batch_tokens, args.seq_len, config.vocab_size, device,
                               log=lambda line: print(line, file=sys.stderr, flush=True), dividing_only=args.compile)
             report["rows"].append({"ds_config": path, "loss": loss, "allocator": allocator, **row})
+    dist.leave_process_group()
     return report

@@ -37,6 +37,9 @@ from deepspeed.accelerator import get_accelerator  # noqa: E402
 # every rank of every run, about DeepSpeed's code, which a user can do nothing about
 warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
                         category=FutureWarning)
+# A one-GPU NCCL group is not bound to its GPU (DeepSpeed binds only larger ones, DeepSpeed #8248), so torch warns
+# at the first barrier, DeepSpeed's or ours, that it uses the current device: the one setup_distributed sets first
+warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context", category=UserWarning)
 
 
 def device_type():
@@ -56,6 +59,13 @@ def barrier():
     """Wait for every rank; a no-op without a process group."""
     if dist.is_initialized():
         dist.barrier()
+
+
+def leave_process_group():
+    """Destroy the process group, after a run that ended normally: without it NCCL warns at the exit of every GPU
+    run that resources may leak. Not on the error paths: they exit at once, and a peer may be gone."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def free_port():
@@ -97,11 +107,11 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    accelerator.set_device(local_rank)  # before the group: NCCL's communicator is made on the current device
     with contextlib.redirect_stdout(sys.stderr):  # on CPU DeepSpeed prints that it built its shared-memory op
         deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
                                    timeout=datetime.timedelta(seconds=timeout_s))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    accelerator.set_device(local_rank)
     return torch.device(accelerator.device_name(local_rank))
 
 

@@ -1,7 +1,7 @@
 """The CUDA paths, on one GPU: zero1_bf16 steps learn; zero2_fp16 from a 2^32 loss scale skips steps and halves
 the scale until it fits, then learns; the default torch.compile with validation and sampling; bit-exact resume
-under --deterministic; a resume through DeepSpeed's universal form; the fused loss against the classic one;
-DeepSpeed's FusedAdam JIT build; the bench's smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
+under --deterministic, and a run's end without NCCL's warnings; a resume through DeepSpeed's universal form; the
+fused loss against the classic one; DeepSpeed's FusedAdam JIT build; the bench's smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
 to itself, gpt-plan --measure and --micro_batch auto. The tiny model wherever d12 itself is not the point (only
 --micro_batch auto filling the GPU is): a run's start (Python, DeepSpeed, CUDA, NCCL) costs more than its tiny
 steps, so the runs the other tests read start side by side (gpu_runs). `python -m pytest -m gpu tests` runs
@@ -259,6 +259,16 @@ def test_deterministic_resume_is_bit_exact(gpu_runs, precision):
         return [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss")) for r in records
                 if r["step"] >= 3 and ("loss" in r or "val_loss" in r)]
     assert exact(resumed) == exact(whole)  # equality, not a tolerance
+
+
+@reads("bf16_whole")
+def test_a_one_gpu_run_that_saved_ends_without_nccl_warnings(gpu_runs):
+    """Barriers at each save, then a normal end: torch does not warn that a barrier guesses its GPU, nor NCCL that
+    the process group was left standing (launch/gpu_check.sh's main.log held both until 2026-11-27)."""
+    _, proc = trained(gpu_runs, "bf16_whole")
+    assert "saved" in proc.stdout
+    for warning in ("barrier(): using the device under current context", "destroy_process_group() was not called"):
+        assert warning not in proc.stderr, proc.stderr[-3000:]
 
 
 @reads("bf16_whole", "bf16_universal")

@@ -48,6 +48,18 @@ def test_train_then_sample_and_export_in_a_plain_shell(tmp_path, shakespeare_dir
 
 
 @pytest.mark.slow
+def test_the_trainer_leaves_its_process_group_when_the_run_ends(tmp_path, shakespeare_dir):
+    """train_ds.py run as a script destroys its process group at a normal end (NCCL warns at every GPU run's exit
+    of one left standing); checked in the script's process, after its __main__ block."""
+    script = ("import runpy, sys, torch.distributed as dist; sys.argv = ['train_ds.py', *sys.argv[1:]]; "
+              "runpy.run_path('train_ds.py', run_name='__main__'); print('group left standing:', dist.is_initialized())")
+    proc = run("-c", script, "--model", "tiny", "--seq_len", "64", "--micro_batch", "2", "--total_batch_tokens", "128",
+               "--max_steps", "1", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path / "run"),
+               "--val_every", "0", "--sample_every", "0")
+    assert proc.stdout.splitlines()[-1] == "group left standing: False", proc.stdout[-2000:]
+
+
+@pytest.mark.slow
 def test_prepare_in_a_plain_shell(tmp_path):
     """gpt-prepare files: two documents, the first to validation, the second to a train shard."""
     docs = [tmp_path / "a.txt", tmp_path / "b.txt"]
