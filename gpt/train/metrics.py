@@ -8,6 +8,7 @@ Events go to OUT_DIR/tensorboard/NAME, NAME being out_dir's own name, so that Te
 import collections
 import json
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -173,25 +174,35 @@ class MetricsLogger:
             self.jsonl.close()
 
 
-# How far a run is and when it ends: the console step line's `step N/M` and ETA. The ETA is the wall time per
-# step over the recent steps (evaluations and saves included, so it is when the run ends, not when its training
-# steps do) times the steps left; recent, so torch.compile's slow first steps and a changed machine load fade out.
-WINDOW = 20  # steps the pace is averaged over
+# How far a run is and when it ends: the console step line's `step N/M` and ETA. The ETA is a training step's pace,
+# the median wall time from one step's end to the next over the recent steps (a changed machine load is followed;
+# one evaluation, save or sample among them is not the pace), plus what those took beyond the pace, spread over every
+# step since (so the ETA is when the run ends, evaluations included, and steady between them). The first interval of
+# a process holds one-off costs (torch.compile's graphs for evaluation and sampling, the first save): not counted.
+WINDOW = 20  # steps the pace is the median of
 
 
 class Progress:
     def __init__(self, max_steps, window=WINDOW, clock=time.monotonic):
         self.max_steps, self.clock = max_steps, clock
-        self.ends = collections.deque(maxlen=window + 1)  # when each recent step ended
+        self.last_end, self.ends_seen = None, 0
+        self.recent = collections.deque(maxlen=window)  # wall seconds from one step's end to the next
+        self.beyond_pace, self.counted = 0.0, 0  # their seconds over the pace at the time, and how many intervals
 
     def step_ended(self, step, seconds):
         """Record that `step` (0-based) ended now, after `seconds` of training; returns 'eta 1h02m' (none left:
-        'done'). Until a second step ends, the pace is this step's own time."""
-        self.ends.append(self.clock())
+        'done'). Until an interval counts, the pace is this step's own time."""
+        now, self.ends_seen = self.clock(), self.ends_seen + 1
+        if self.ends_seen > 2:  # the interval after the first step ended: one-off costs (above)
+            interval = now - self.last_end
+            self.recent.append(interval)
+            self.beyond_pace += max(0.0, interval - statistics.median(self.recent))
+            self.counted += 1
+        self.last_end = now
         left = self.max_steps - step - 1
         if left <= 0:
             return "done"
-        pace = (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1) if len(self.ends) > 1 else seconds
+        pace = statistics.median(self.recent) + self.beyond_pace / self.counted if self.recent else seconds
         return f"eta {duration(pace * left)}"
 
 

@@ -11,16 +11,36 @@ def test_durations_read_at_a_glance(seconds, text):
     assert duration(seconds) == text
 
 
-def test_the_eta_is_the_recent_pace_times_the_steps_left():
-    now = [0.0]
-    progress = Progress(max_steps=100, window=3, clock=lambda: now[0])
-    assert progress.step_ended(0, seconds=50.0) == "eta 1h22m"  # one step: its own 50 s x 99 left
-    for step, gap in enumerate([10, 10, 10, 40, 40, 40], start=1):  # slower after an evaluation every step
-        now[0] += gap
-        eta = progress.step_ended(step, seconds=1.0)
-    assert eta == f"eta {duration(40 * (100 - step - 1))}"  # the window forgot the fast steps
-    now[0] += 40
+def progress_through(intervals, max_steps=1000, window=5):
+    """A Progress whose step 0 ended at 50 s (50 s of training), then one step per interval (1 s of training
+    each); returns (its ETAs after step 0 and each step, the last step)."""
+    now = [50.0]
+    progress = Progress(max_steps=max_steps, window=window, clock=lambda: now[0])
+    etas = [progress.step_ended(0, seconds=50.0)]
+    for step, interval in enumerate(intervals, start=1):
+        now[0] += interval
+        etas.append(progress.step_ended(step, seconds=1.0))
+    return etas, len(intervals)
+
+
+def test_the_eta_is_the_pace_plus_the_evaluations_spread_over_the_steps():
+    """1 s steps, an evaluation of 5 s more every 10th: the ETA is 1.5 s per step left, after every step alike. The
+    first interval (a compile of the evaluation graphs: 30 s) is not the pace; until another ends, a step's own
+    time is."""
+    evaluations = [6.0 if i % 10 == 9 else 1.0 for i in range(100)]
+    etas, last = progress_through([30.0, *evaluations])
+    assert etas[:2] == [f"eta {duration(50 * 999)}", f"eta {duration(1 * 998)}"]  # each step's own time
+    assert etas[-1] == f"eta {duration(1.5 * (1000 - last - 1))}"
+    assert etas[-2] == f"eta {duration((1 + 45 / 99) * (1000 - last))}"  # just before the 10th evaluation: 9 of 99
     assert Progress(max_steps=1).step_ended(0, seconds=3.0) == "done"
+
+
+def test_the_eta_follows_a_slower_machine_within_the_window():
+    """1 s steps, then 3 s from a load that came: after the window's 5 steps the pace is 3 s; the steps on the way
+    count beyond the pace (2 x 2 s here, over all the steps since)."""
+    etas, last = progress_through([30.0, *[1.0] * 20, *[3.0] * 20])
+    assert etas[21] == f"eta {duration(1 * (1000 - 22))}"
+    assert etas[-1] == f"eta {duration((3 + 4 / 40) * (1000 - last - 1))}"
 
 
 def test_a_step_that_takes_a_minute_or_more_at_the_cpus_peak_is_said_before_it_starts():
