@@ -177,8 +177,8 @@ class MetricsLogger:
 # How far a run is and when it ends: the console step line's `step N/M` and ETA. The ETA is a training step's pace,
 # the median wall time from one step's end to the next over the recent steps (a changed machine load is followed;
 # one evaluation, save or sample among them is not the pace), plus what those took beyond the pace, spread over every
-# step since (so the ETA is when the run ends, evaluations included, and steady between them). The first interval of
-# a process holds one-off costs (torch.compile's graphs for evaluation and sampling, the first save): not counted.
+# step since (so the ETA is when the run ends, evaluations included, and steady between them). A process's first
+# interval holds one-off costs (the step-0 evaluation's and sample's compiles): not counted.
 WINDOW = 20  # steps the pace is the median of
 
 
@@ -193,7 +193,7 @@ class Progress:
         """Record that `step` (0-based) ended now, after `seconds` of training; returns 'eta 1h02m' (none left:
         'done'). Until an interval counts, the pace is this step's own time."""
         now, self.ends_seen = self.clock(), self.ends_seen + 1
-        if self.ends_seen > 2:  # the interval after the first step ended: one-off costs (above)
+        if self.ends_seen > 2:  # an interval, but not the first: it holds one-off costs (above)
             interval = now - self.last_end
             self.recent.append(interval)
             self.beyond_pace += max(0.0, interval - statistics.median(self.recent))
