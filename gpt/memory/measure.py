@@ -12,7 +12,8 @@ with --no-compile, eager. A compile per size costs tens of seconds, so compiled,
 largest of them that fits and the first that does not: the raw maximum lies between the largest size that fitted
 (`largest_fitting`) and the first out of memory (the report's `raw max`, e.g. 244-255); eager, every size is
 tried and the raw maximum is exact. The search starts at the plan, goes up in doubling strides to the first
-out-of-memory (or down), then bisects. It stops at the token budget: a micro-batch above --total_batch_tokens / seq_len would be
+out-of-memory (or down), then bisects; through sizes that already double (those dividing 524,288 tokens of 1024),
+one size at a time. It stops at the token budget: a micro-batch above --total_batch_tokens / seq_len would be
 a step of its own on one GPU.
 
 --gpu_mem GiB stands in for a smaller card: PyTorch's allocator is capped
@@ -31,7 +32,7 @@ import torch
 from gpt.config import ds_config as dsc
 from gpt.console import exit_with
 from gpt.model.model import GPT
-from gpt.memory.probe import dividing_sizes, search_largest, try_step, verdict
+from gpt.memory.probe import dividing_sizes, doubling, search_largest, try_step, verdict
 
 GiB = 2**30
 
@@ -55,7 +56,7 @@ def measure_largest(new_engine, planned, sizes, seq_len, vocab_size, device, log
         return min((t["micro_batch"] for t in tries if not t["fits"]), default=None)
 
     start = max(sum(size <= (planned or 1) for size in sizes) - 1, 0)
-    best = search_largest(lambda index: fits_size(sizes[index]), start, len(sizes) - 1)
+    best = search_largest(lambda index: fits_size(sizes[index]), start, len(sizes) - 1, gallop=not doubling(sizes))
     if best >= 0 and sizes[best] < (planned or 0) < (first_out_of_memory() or math.inf):
         fits_size(planned)
     peak = next((t for t in tries if t["micro_batch"] == sizes[best]), {}) if best >= 0 else {}

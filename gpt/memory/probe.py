@@ -94,11 +94,20 @@ def on_every_rank(flag, device):
     return dist.mean_over_ranks(torch.tensor(float(flag), device=device)).item() == 1.0
 
 
-def search_largest(fits, start, last):
+def doubling(sizes):
+    """Whether each of `sizes` (ascending) is at least twice the one before: the sizes dividing a power-of-two
+    token budget (1, 2, 4, ..., 512 for 524,288 tokens of 1024), not those of 480 sequences (..., 24, 30, 32, ...)."""
+    return all(larger >= 2 * smaller for smaller, larger in zip(sizes, sizes[1:]))
+
+
+def search_largest(fits, start, last, gallop=True):
     """The largest index in 0..last for which fits(index) holds, -1 for none, fits assumed monotone (a size
     that fits makes every smaller one fit). Tries `start` first (the plan's answer, usually close), then away
     from it in doubling strides (+1, +2, +4, ... while it fits; -1, -2, -4, ... while it does not) until the
-    answer changes, then bisects: an answer next to the plan costs two tries, and each try may be a compile."""
+    answer changes, then bisects: an answer next to the plan costs two tries, and each try may be a compile.
+    gallop=False: strides of one, for sizes that already double from one index to the next (doubling()), where a
+    stride of two jumps 4x past an answer next to the plan: a try (a compile) more. gpt-plan --measure searches
+    those up from the plan rounded down, where the answer is often the next size."""
     low, high = -1, last + 1  # fits(low) holds (-1: none known), fits(high) does not (last + 1: none known)
     index, stride = start, 1
     while low < index < high:  # stops once a stride jumps past the other bound: both are known
@@ -106,7 +115,7 @@ def search_largest(fits, start, last):
             low, index = index, min(index + stride, last)
         else:
             high, index = index, max(index - stride, 0)
-        stride *= 2
+        stride *= 2 if gallop else 1
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)

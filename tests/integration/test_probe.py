@@ -16,7 +16,7 @@ from gpt.model.model import GPT, GPTConfig
 from gpt.train.engine import OptimizerSettings
 from gpt.memory import measure
 from gpt.memory.measure import format_report, measure_row, report_header
-from gpt.memory.probe import dividing_sizes, probe_micro_batch, search_largest
+from gpt.memory.probe import dividing_sizes, doubling, probe_micro_batch, search_largest
 from conftest import FP32_CONFIG, HALF, REPO, TINY, out_dir_of, succeeded, train, train_losses, two_rank_run
 
 SEQ_LEN, VOCAB = 16, 128
@@ -73,10 +73,11 @@ def test_a_probe_takes_two_steps_on_one_engine(single_rank_group):
     assert steps == [4, 4] and len(models) == 1
 
 
+@pytest.mark.parametrize("gallop", [True, False])
 @pytest.mark.parametrize("last", [0, 1, 7, 40, 511])
-def test_the_search_finds_the_largest_fitting_index_from_any_start(last):
+def test_the_search_finds_the_largest_fitting_index_from_any_start(last, gallop):
     """Every limit and every starting guess: the answer exact, no index tried twice or out of range, and at most
-    2 log2(last + 2) tries."""
+    2 log2(last + 2) tries galloping; in strides of one, at most the distance from the start and two more."""
     for limit in range(-1, last + 1):
         for start in range(0, last + 1, max(1, last // 13)):
             tried = []
@@ -85,15 +86,23 @@ def test_the_search_finds_the_largest_fitting_index_from_any_start(last):
                 assert 0 <= index <= last and index not in tried
                 tried.append(index)
                 return index <= limit
-            assert search_largest(fits, start, last) == limit
-            assert len(tried) <= 2 * math.ceil(math.log2(last + 2)), (limit, start, tried)
+            assert search_largest(fits, start, last, gallop) == limit
+            most = 2 * math.ceil(math.log2(last + 2)) if gallop else abs(limit - start) + 2
+            assert len(tried) <= most, (limit, start, tried)
+
+
+def test_the_sizes_dividing_a_power_of_two_budget_double_and_the_search_steps_through_them_one_by_one():
+    """524,288 tokens of 1024: 1, 2, 4, ..., 512, where a stride of two indices is 4x the size; 480 sequences'
+    divisors (..., 24, 30, 32, ...) are dense, searched galloping."""
+    assert doubling(dividing_sizes(524288, 1024, 1, 512)) and doubling([]) and doubling([7])
+    assert not doubling(dividing_sizes(480 * 1024, 1024, 1, 480))
 
 
 @pytest.mark.parametrize("limit, planned, compiled, tried, measured, out_of_memory, raw", [
     (13, 4, False, [4, 5, 7, 11, 19, 15, 13, 14], 13, 14, "13"),  # the plan under the answer: up in strides, bisect
     (40, 32, False, [32], 32, None, ">= 32"),  # the whole token budget on one GPU fits: the search stops there
     (0, 4, False, [4, 3, 1], None, 1, "-"),  # not even one sequence
-    (13, 4, True, [4, 8, 32, 16], 8, 16, "8-15"),  # compiled: only the sizes dividing the budget (1, 2, 4, 8, 16, 32)
+    (13, 4, True, [4, 8, 16], 8, 16, "8-15"),  # compiled: only the sizes dividing the budget (1, 2, 4, 8, 16, 32), one by one
     (13, 20, True, [16, 8], 8, 16, "8-15"),  # compiled, the plan above the answer: from the largest dividing under it
     (13, 12, True, [8, 16, 12], 8, 16, "12-15"),  # compiled, the plan between two dividing sizes: tried too; it fits
     (10, 12, True, [8, 16, 12], 8, 12, "8-11")])  # ... and here it does not: the planner was optimistic
