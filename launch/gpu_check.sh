@@ -21,10 +21,14 @@
 #                     the same size. Runs of their own: the eager rows (~30 s more), the cost of --deterministic
 #                     (--only deterministic), which kernel --loss fused should mean (--only loss).
 #   eval.txt          gpt-eval on the GPU (validation loss of the main job's checkpoint) and HellaSwag examples/s
+#   levers.md/.json   part speed (only when named; ~280 s, on the warm machine after the rest): bench/levers.py, where
+#                     the main job's step spends its time (torch.profiler by kind of kernel, the device's idle share,
+#                     DeepSpeed's wall_clock_breakdown; the trace in step_trace.json.gz) and each speed lever of
+#                     issue 51 against the default in one process
 #   summary.md        all of it, for README, docs/ and the session note (launch/gpu_summary.py): the main job's
 #                     median tokens/s against the plain compiled loop's
 # usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, the parts main pytest measure bench eval;
-# v100 only when named)
+# v100 and speed only when named)
 # Every step runs under its own time limit, cut to what is left of BUDGET seconds (default 510: with setup the
 # whole run ends within 9 minutes, and a step left without time is reported skipped); the others go on if one
 # fails; the exit status is the number of failed or skipped steps. Name parts to run fewer (e.g. in two sessions'
@@ -42,8 +46,8 @@ if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/d
   exit 1
 fi
 failed=0
-part() {  # whether PART was asked for (all but v100 when none was named)
-  { [ "$PARTS" = "  " ] && [ "$1" != v100 ]; } || [[ "$PARTS" == *" $1 "* ]]
+part() {  # whether PART was asked for (all but v100 and speed when none was named)
+  { [ "$PARTS" = "  " ] && [ "$1" != v100 ] && [ "$1" != speed ]; } || [[ "$PARTS" == *" $1 "* ]]
 }
 step() {  # step NAME SECONDS COMMAND...: run it (stdout to REPORT/NAME.out, stderr to NAME.log); say how it went
   local name=$1 limit=$2 start=$SECONDS left=$((BUDGET - SECONDS))
@@ -106,6 +110,12 @@ if part eval; then
   step eval 40 python -m gpt.commands.eval --checkpoint "$TRAINED" --data "$DATA" --val_tokens 1048576 --json
   step hellaswag 40 python bench/eval.py --model d12 --examples 512 --batch 16
   cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
+fi
+
+if part speed; then  # issue 51: the rows that fit in what is left of the budget, the default measured last again
+  step speed 300 python bench/levers.py --budget $((BUDGET - SECONDS - 25)) --json "$REPORT/levers.json" \
+    --trace "$REPORT/step_trace.json.gz"
+  cp "$REPORT/speed.out" "$REPORT/levers.md"
 fi
 
 echo "all steps: $SECONDS s (budget $BUDGET s; the setup before this script is not counted)" | tee -a "$REPORT/steps.txt"

@@ -63,6 +63,8 @@ def summary(report):
         except (ValueError, KeyError):  # cut short: no JSON, or not all of it
             parts.append(f"## {path.stem}\n\nno report (see {path.stem}.log)\n")
     parts.append("## bench\n\n" + text(report, "bench.md") + "\n## eval\n\n" + text(report, "eval.txt"))
+    if (report / "levers.md").exists():  # the part speed (bench/levers.py)
+        parts.append("## speed: where a step's time goes, each lever against the default\n\n" + text(report, "levers.md"))
     return "\n".join(parts)
 
 

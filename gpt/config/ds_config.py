@@ -67,7 +67,10 @@ ADAM_PARAMS = {
     "adam_w_mode": (lambda v: isinstance(v, bool), "true or false"),
     "torch_adam": (lambda v: isinstance(v, bool), "true or false"),
     "bias_correction": (lambda v: isinstance(v, bool), "true or false"),
+    "fused": (lambda v: isinstance(v, bool), "true or false"),  # torch's: one kernel for every tensor
+    "foreach": (lambda v: isinstance(v, bool), "true or false"),
 }
+TORCH_ADAM_ONLY = {"amsgrad": "AMSGrad", "fused": "fused option", "foreach": "foreach option"}  # not FusedAdam's
 
 
 
@@ -521,9 +524,12 @@ def optimizer_problems(optimizer, path):
                                       otherwise=f"this trainer's Adam takes {', '.join(ADAM_PARAMS)}"))
         elif not ADAM_PARAMS[key][0](value):
             found.append(f"{path}: optimizer.params.{key} {json.dumps(value)} must be {ADAM_PARAMS[key][1]}")
-    if params.get("amsgrad") is True and params.get("torch_adam") is not True:
-        found.append(f"{path}: optimizer.params.amsgrad true needs optimizer.params.torch_adam true (DeepSpeed's "
-                     f"FusedAdam has no AMSGrad)")
+    for key, what in TORCH_ADAM_ONLY.items():
+        if params.get(key) is True and params.get("torch_adam") is not True:
+            found.append(f"{path}: optimizer.params.{key} true needs optimizer.params.torch_adam true (DeepSpeed's "
+                         f"FusedAdam has no {what})")
+    if params.get("fused") is True and params.get("foreach") is True:
+        found.append(f"{path}: optimizer.params.fused and foreach cannot both be true (torch's AdamW takes one)")
     if "bias_correction" in params and params.get("torch_adam") is True:
         found.append(f"{path}: optimizer.params.bias_correction is FusedAdam's; torch's Adam (torch_adam) always "
                      f"corrects the bias: remove it")

@@ -137,17 +137,18 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 
 def _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, kernels):
+    chunk_rows = chunk_rows or CHUNK_ROWS  # read at the call: bench/levers.py measures other sizes
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, real_vocab_size, chunk_rows, kernels, with_grad)
 
 
-def chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=CHUNK_ROWS):
+def chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=None):
     """hidden (N, C), weight (vocab, C), targets (N,) -> the mean fp32 cross-entropy of hidden @ weight.T over
     its first real_vocab_size columns (the rest masked, the matmul kept at the full width)."""
     return _chunked(hidden, weight, targets, real_vocab_size, chunk_rows, EAGER_KERNELS)
 
 
-def compiled_chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=CHUNK_ROWS):
+def compiled_chunked_cross_entropy(hidden, weight, targets, real_vocab_size, chunk_rows=None):
     """chunked_cross_entropy with each chunk's math compiled, for --compile. The autograd.Function itself stays
     out of dynamo: traced whole (the head compiled around it), AOTAutograd's partitioner kept every chunk's fp32
     logits for backward instead of recomputing them, the full logits again (tests/integration/test_loss.py; on an H100 at

@@ -371,6 +371,12 @@ TRAIN_CASES = [
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"amsgrad": True}})],
      "error: {path}: optimizer.params.amsgrad true needs optimizer.params.torch_adam true (DeepSpeed's FusedAdam has "
      "no AMSGrad)"),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"fused": True}})],
+     "error: {path}: optimizer.params.fused true needs optimizer.params.torch_adam true (DeepSpeed's FusedAdam has "
+     "no fused option)"),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"torch_adam": True, "fused": True,
+                                                                              "foreach": True}})],
+     "error: {path}: optimizer.params.fused and foreach cannot both be true (torch's AdamW takes one)"),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"beta": [0.9, 0.95]}})],
      "error: {path}: unknown key 'optimizer.params.beta' (did you mean 'betas'?)"),
     # what the JSON reader refuses, and what DeepSpeed accepts but this trainer would get wrong
