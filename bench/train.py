@@ -56,7 +56,7 @@ from gpt.commands.train import parse
 from gpt.data.shards import ShuffledTokenLoader, find_shards, shard_name, write_shard
 from gpt.train.dist import device_type, free_port, return_freed_memory, timed_on_device
 from gpt.train.engine import OptimizerSettings, param_groups
-from gpt.config.hardware import cpu_bf16_slowdown, cpu_has_fast_bf16, measure_cpu_peak_flops, peak_flops
+from gpt.config.hardware import cpu_bf16_units, measure_cpu_peak_flops, peak_flops
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE
 from gpt.model.loss import LOSS_CHOICES, fused_loss, liger_problem
 from gpt.memory.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes
@@ -117,9 +117,9 @@ MODES = {
 def usable_dtypes():
     """(dtypes, why bf16 is left out or None). Where bf16 matmuls are emulated (a CPU without bf16 units,
     e.g. AVX2-only) a bf16 row takes hours and measures the emulation, not the trainer."""
-    if DEVICE == "cpu" and not cpu_has_fast_bf16():
-        return ("fp32",), (f"bf16 rows skipped: this CPU has no bf16 units (a bf16 matmul takes "
-                           f"{cpu_bf16_slowdown():.0f}x the time of fp32 here, measured)")
+    fast, why = cpu_bf16_units() if DEVICE == "cpu" else (True, None)
+    if not fast:
+        return ("fp32",), f"bf16 rows skipped: this CPU has no bf16 units ({why})"
     if DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 0):  # before Ampere bf16 is emulated
         return ("fp32",), "bf16 rows skipped: this GPU has no bf16 units (compute capability < 8.0, e.g. a V100)"
     return ("fp32", "bf16"), None

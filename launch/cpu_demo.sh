@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash launch/setup_cpu.sh
 [ -f data/shakespeare/shakespeare_train_000001.bin ] || python -m gpt.commands.prepare shakespeare --out_dir data/shakespeare
 export DS_ACCELERATOR=cpu  # this recipe is the CPU twin: say so instead of letting DeepSpeed probe
-# bf16 where the CPU has bf16 units (AMX, AVX512-BF16), else fp32: emulated bf16 is 50-100x slower.
+# bf16 where the CPU declares bf16 units (AMX, AVX512-BF16), else fp32: emulated bf16 is 3-100x slower.
 # 120k tokens: ~1 min on a 2-core AMX Xeon in bf16 or fp32; 3 min measured on a 2-core AVX2-only EPYC (fp32).
 config=$(python -m gpt.commands.hardware)
 deepspeed --num_gpus 2 train_ds.py \

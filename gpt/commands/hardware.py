@@ -1,15 +1,13 @@
 """`python -m gpt.commands.hardware`: the DeepSpeed config a CPU run should use on this machine (stdout), and why (stderr)."""
 import sys
 
-from gpt.config.hardware import cpu_bf16_slowdown, cpu_ds_config, cpu_has_fast_bf16
+from gpt.config.hardware import cpu_bf16_units, cpu_ds_config
 
 
 def main():
-    slowdown = cpu_bf16_slowdown()
+    fast, why = cpu_bf16_units()
     print(cpu_ds_config())
-    print(f"bf16 matmul {slowdown:.2f}x the time of fp32 on this CPU (measured): "
-          f"{'bf16 units present' if cpu_has_fast_bf16() else 'no bf16 units, bf16 would be emulated'}",
-          file=sys.stderr)
+    print(f"{why}: {'bf16 units present' if fast else 'no bf16 units, bf16 would be emulated'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,32 +9,86 @@ import time
 
 import torch
 
-# A bf16 matmul slower than fp32 by more than this is emulated (no AVX512-BF16/AMX): ~100x on an AVX2-only
-# AMD EPYC, where AMX Xeons run bf16 3-5x *faster* than fp32 and AVX-512 CPUs without bf16 units about as
-# fast (oneDNN converts in registers).
-EMULATED_BF16_SLOWDOWN = 4.0
 CPU_FP32_CONFIG = "ds_configs/zero2_fp32.json"  # the CPU config where bf16 would be emulated
 CPU_BF16_CONFIG = "ds_configs/zero2_bf16.json"
+
+# Whether this CPU has bf16 units is read from what it declares, so that every process on a machine (the demo, the
+# trainer's warning, the bench, the tests) gets the same answer: a measured ratio landed on both sides of one
+# threshold on a Cascade Lake Xeon (issue 50: 2.86x one hour, 4.48x the next), where bf16 runs 3-5x slower than fp32.
+# Measured: AMX Xeons run bf16 matmuls 3-5x faster than fp32; AVX-512 without bf16 (Cascade Lake) 3-5x slower;
+# AVX2 only (AMD EPYC) ~90x slower.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16", "sve_bf16", "svebf16")  # x86 AMX and AVX-512; Arm (cpuinfo, /proc)
+ISA_FLAGS = ("sse2", "avx2", "neon", "asimd", "fp")  # a flag list that names any of these was read from a real CPU
+# oneDNN (bf16 matmuls on CPU) capped below its first ISA with bf16 instructions (AVX512_CORE_BF16) emulates them
+# whatever the CPU has: the tests' stand-in for a CPU without bf16 units (tests/integration/conftest.py)
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
+# Where nothing can be read (no flag list, or a CPU that declares only bf16 conversions): measured, bf16 then taken only
+# when a bf16 matmul is clearly not slower than fp32. Between this and the emulated CPUs' 3x lies a dead band that
+# noise does not cross, and the band's side is fp32: correct everywhere, bf16 only ever a speed-up.
+FAST_BF16_MAX_SLOWDOWN = 1.5
+
+
+def cpu_flags(proc_cpuinfo="/proc/cpuinfo"):
+    """This CPU's feature flags as a set of names, or None where none can be read: torch's own query
+    (torch.cpu.get_capabilities, torch >= 2.9), else Linux's /proc/cpuinfo (x86 'flags', Arm 'Features')."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        flags = {name for name, value in capabilities().items() if value is True}
+        if flags & set(ISA_FLAGS):
+            return flags
+    try:
+        with open(proc_cpuinfo) as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features") and set(value.split()) & set(ISA_FLAGS):
+                    return set(value.split())
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def cpu_bf16_units():
+    """(whether bf16 matmuls run on bf16 units here, why): the one bf16 decision on CPU, the same in every process
+    of a machine. In order: oneDNN capped below bf16 (ONEDNN_MAX_CPU_ISA) -> no; the CPU declares AMX-BF16,
+    AVX512-BF16 or Arm's BF16 -> yes; it declares its ISA without them -> no; nothing readable (or bf16 conversions
+    alone, AVX-NE-CONVERT) -> measured, yes only at most FAST_BF16_MAX_SLOWDOWN x the time of fp32."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    if cap and cap.strip().upper() in ONEDNN_ISAS_WITHOUT_BF16:
+        return False, f"ONEDNN_MAX_CPU_ISA={cap} leaves oneDNN no bf16 instructions"
+    flags = cpu_flags()
+    if flags is not None:
+        declared = [flag for flag in BF16_FLAGS if flag in flags]
+        if declared:
+            return True, f"the CPU declares {', '.join(declared)}"
+        if "avx_ne_convert" not in flags:
+            return False, "the CPU declares no amx_bf16, avx512_bf16 or Arm bf16 flag"
+    slowdown = cpu_bf16_slowdown()
+    fast = slowdown <= FAST_BF16_MAX_SLOWDOWN
+    return fast, (f"no bf16 flag could be read; a bf16 matmul took {slowdown:.2f}x the time of fp32 here (measured; "
+                  f"bf16 at most {FAST_BF16_MAX_SLOWDOWN}x)")
 
 
 @functools.cache
 def cpu_bf16_slowdown():
-    """How many times slower a bf16 matmul runs than an fp32 one on this CPU (measured; < 1: faster)."""
+    """How many times slower a bf16 matmul runs than an fp32 one on this CPU (measured; < 1: faster). Decides
+    only where the CPU declares nothing (cpu_bf16_units)."""
     # up to 512^2: enough to tell 3x faster from 80x slower, and ~0.6 s where bf16 is emulated
     return measure_cpu_peak_flops(torch.float32, max_size=512) / measure_cpu_peak_flops(torch.bfloat16, max_size=512)
 
 
 def cpu_has_fast_bf16():
     """False where bf16 matmuls are emulated: train in fp32 there."""
-    return cpu_bf16_slowdown() <= EMULATED_BF16_SLOWDOWN
+    return cpu_bf16_units()[0]
 
 
 def cpu_bf16_warning():
     """One line for a bf16 run on a CPU without bf16 units, or None where bf16 is fine."""
-    if cpu_has_fast_bf16():
+    fast, why = cpu_bf16_units()
+    if fast:
         return None
-    return (f"warning: this CPU has no bf16 units: bf16 matmuls run {cpu_bf16_slowdown():.0f}x slower than fp32 "
-            f"here (measured), so this run will be many times slower than in fp32; use {CPU_FP32_CONFIG}")
+    return (f"warning: this CPU has no bf16 units: {why}; bf16 matmuls are emulated, several to ~100x slower than "
+            f"fp32, so this run will be many times slower than in fp32; use {CPU_FP32_CONFIG}")
 
 
 def cpu_ds_config():

@@ -11,7 +11,8 @@ reading shards; minutes on a GPU cluster): there is nothing to save, so a stop e
 one line and exit status 1, and a watchdog thread watches the launchers and ends a main thread stuck in
 C code (a rendezvous with a rank that is gone). Training (fit): finish the current step, save, exit 0, on
 every rank; the rank says so at once (a CPU step can take minutes), and a second signal, AT_ONCE_AFTER_S
-or more later, ends it at once without saving. This module imports no torch: train_ds.py starts it before torch
+or more later, ends it at once without saving. The watchdog thread reads every signal as it arrives, in both phases:
+a Python handler runs only when the main thread is back in Python, which on a slow CPU can be seconds late. This module imports no torch: train_ds.py starts it before torch
 and DeepSpeed load."""
 import os
 import select
@@ -123,9 +124,10 @@ class StopRequest:
                               f"{cut.pid} was orphaned)")
             raise self._start_up_stop()
         self._main_thread = threading.main_thread().ident
-        # A signal ignored from the start stays ignored (a shell's background job ignores SIGINT, nohup SIGHUP).
-        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
-                          if signal.getsignal(sig) is not signal.SIG_IGN}
+        # Both are handled even where they were ignored from the start: a non-interactive shell starts its background
+        # jobs (`cmd &` in a script, CI) with SIGINT ignored, and a `kill -INT` meant to stop such a run gracefully was
+        # lost (issue 50: the run trained on to its last step and exited 0). A stop here only ever saves and exits.
+        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
         # Signals also wake the watchdog (a pipe as the wakeup fd): it must know of one whose handler cannot run.
         self._wakeup_read, self._wakeup_write = os.pipe()
         os.set_blocking(self._wakeup_write, False)
@@ -145,7 +147,9 @@ class StopRequest:
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if not self.starting:
-            return self._stop_in_training(name)
+            # in training the watchdog acts on the signal, timed by its arrival: this handler runs only once the main
+            # thread is back in Python (after a C call of seconds on a slow CPU), too late to tell a second from a first
+            return
         self.requested = self.requested or name
         if not self._leaving:  # once: a second signal must not interrupt the way out
             if importing(frame):  # an exception there can be swallowed and leave a half-imported module behind
@@ -153,10 +157,10 @@ class StopRequest:
             self._leaving = True
             raise self._start_up_stop()
 
-    def _stop_in_training(self, name):
-        """The first signal: the step ends, a checkpoint is saved (fit asks agreed() after each step); said at once.
-        The same again, AT_ONCE_AFTER_S or more later: exit now, without saving (a user who will not wait)."""
-        now = time.monotonic()
+    def _signal_in_training(self, name, now):
+        """A signal that arrived at `now` (the watchdog's clock, read as it arrives). The first: the step ends, a
+        checkpoint is saved (fit asks agreed() after each step); said at once. The same again, AT_ONCE_AFTER_S or
+        more after the first arrived: exit now, without saving (a user who will not wait)."""
         if self._first_signal_at is None:
             self._first_signal_at = now
             self.requested = self.requested or name
@@ -173,20 +177,26 @@ class StopRequest:
             os.write(2, (line + "\n").encode())
 
     def _watch(self):
-        """Start-up only: a launcher gone stops the main thread as a signal would; a stop the main thread has
-        not acted on within HARD_EXIT_AFTER_S ends the process."""
+        """Every signal as it arrives (the wakeup pipe), whatever the main thread is doing. In start-up: noted (if its
+        handler cannot run), a launcher gone stops the main thread as a signal would, and a stop the main thread has
+        not acted on within HARD_EXIT_AFTER_S ends the process. In training: _signal_in_training."""
         stop_seen = None
         while not self._closed.is_set():
             ready, _, _ = select.select([self._wakeup_read], [], [], POLL_S)
             if self._closed.is_set():
                 return
-            if ready:
-                signals = [number for number in os.read(self._wakeup_read, 512) if number]  # 0: close() waking us
-                if signals:
-                    self.requested = self.requested or signal.Signals(signals[0]).name  # if its handler cannot run
-                    stop_seen = stop_seen or time.monotonic()
+            now = time.monotonic()
+            for number in os.read(self._wakeup_read, 512) if ready else b"":
+                if not number:  # close() waking us
+                    continue
+                name = signal.Signals(number).name
+                if self.starting:
+                    self.requested = self.requested or name
+                    stop_seen = stop_seen or now
+                else:
+                    self._signal_in_training(name, now)
             if not self.starting:
-                return
+                continue  # launchers are checked at each step (agreed)
             if not self.requested:
                 self.check_launchers()
                 if self.requested:
@@ -198,7 +208,8 @@ class StopRequest:
                                f"{self.message()} (the main thread did not respond in {HARD_EXIT_AFTER_S:.0f} s)")
 
     def _exit_now(self, line):
-        """The main thread is stuck where no Python runs, inside an import, or asked twice in training: say line
+        """The main thread is stuck where no Python runs, inside an import, or asked twice in training (from the
+        watchdog thread): say line
         (None: said already), release what a run holds, exit 1."""
         if line:
             self._say(line)
@@ -208,10 +219,13 @@ class StopRequest:
         os._exit(1)
 
     def started(self):
-        """The first step begins: from now on a stop finishes the step and saves."""
+        """The first step begins: from now on a stop finishes the step and saves. A start-up stop that is still
+        pending here had its exception swallowed on the way (a library catching everything around its call): it
+        ends the run now, as it would have, and is never taken for a stop in training (exit 0 after a step)."""
+        if self.starting and self.requested:
+            self._leaving = True
+            raise self._start_up_stop()
         self.starting = False
-        self._end_watchdog()
-        signal.set_wakeup_fd(self._previous_wakeup)
 
     def _end_watchdog(self):
         self._closed.set()

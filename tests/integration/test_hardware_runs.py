@@ -43,11 +43,12 @@ def test_a_cpu_without_bf16_units_gets_the_fp32_config():
 
 
 @pytest.mark.slow
-def test_the_cpu_choice_follows_the_measured_bf16_speed():
+def test_the_cpu_choice_in_a_new_process_is_this_processs():
+    """One bf16 decision per machine (issue 50): a new process (the demo's) answers as this one, and says why."""
     config, reason = cpu_config_choice({})
-    fast = hardware.cpu_has_fast_bf16()
+    fast, why = hardware.cpu_bf16_units()
     assert config == ("ds_configs/zero2_bf16.json" if fast else "ds_configs/zero2_fp32.json")
-    assert ("bf16 units present" in reason) == fast
+    assert reason == f"{why}: {'bf16 units present' if fast else 'no bf16 units, bf16 would be emulated'}"
 
 
 @pytest.mark.background_runs({"bf16_without_bf16_units": background_run(
@@ -59,7 +60,8 @@ def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(backgro
     assert_exit_0(proc)
     warnings = [line for line in proc.stderr.splitlines() if "no bf16 units" in line]
     assert len(warnings) == 1, proc.stderr[-3000:]
-    assert warnings[0].startswith("warning: this CPU has no bf16 units: bf16 matmuls run ")
+    assert warnings[0].startswith("warning: this CPU has no bf16 units: ONEDNN_MAX_CPU_ISA=AVX2 leaves oneDNN no bf16 "
+                                  "instructions; bf16 matmuls are emulated")
     assert warnings[0].endswith("use ds_configs/zero2_fp32.json")
 
 
@@ -84,3 +86,21 @@ def test_deterministic_mode_runs_validation_and_sampling_and_changes_nothing_on_
     assert train_losses(deterministic) == train_losses(plain)  # CPU kernels are deterministic already
     assert [r["val_loss"] for r in deterministic if "val_loss" in r] == [r["val_loss"] for r in plain if "val_loss" in r]
     assert "sample at step 2:" in proc.stdout
+
+
+def test_the_slow_machine_stand_in_caps_onednn_ignores_sigint_and_leaves_no_neighbour(tmp_path):
+    """launch/slow_machine.sh (issue 50): the command sees oneDNN capped below bf16 (so the one bf16 decision says no
+    units), SIGINT ignored as a background job has it, DSGPT_SLOW_MACHINE=1; its busy neighbours end with it, and
+    its exit status is the command's."""
+    import psutil
+
+    probe = ("import os, signal; from gpt.config.hardware import cpu_bf16_units; "
+             "print(os.environ['ONEDNN_MAX_CPU_ISA'], os.environ['DSGPT_SLOW_MACHINE'], "
+             "signal.getsignal(signal.SIGINT) == signal.SIG_IGN, cpu_bf16_units()[0]); raise SystemExit(3)")
+    proc = subprocess.run(["bash", "launch/slow_machine.sh", "--busy", "2", sys.executable, "-c", probe], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.split() == ["AVX512_CORE", "1", "True", "False"]
+    assert proc.stderr.splitlines()[0].startswith("slow machine: 2 busy neighbours on ")
+    spinning = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "while True: pass" in p.info["cmdline"]]
+    assert spinning == []

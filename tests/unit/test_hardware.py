@@ -1,6 +1,7 @@
-"""What a run adapts to the machine and the run: TORCH_CUDA_ARCH_LIST for DeepSpeed's op builder, the defaults
-for --compile and the warmup, deterministic mode's CUDA switches. (The CPU precision by bf16 units, runs and
-py-cpuinfo: tests/integration/test_hardware_runs.py.)"""
+"""What a run adapts to the machine and the run: the one bf16 decision on CPU (from the flags the CPU declares,
+measured only where none can be read), TORCH_CUDA_ARCH_LIST for DeepSpeed's op builder, the defaults for --compile
+and the warmup, deterministic mode's CUDA switches. (The CPU precision in new processes, runs and py-cpuinfo:
+tests/integration/test_hardware_runs.py.)"""
 import importlib
 
 import pytest
@@ -9,6 +10,80 @@ from gpt.config import hardware
 from gpt.commands.train import parse
 from gpt.config.preflight import resolve_defaults
 from gpt.config.settings import GPT3_WARMUP_STEPS
+
+
+CASCADE_LAKE = {"sse2", "avx2", "avx512f", "avx512bw", "avx512_vnni"}  # AVX-512 without bf16 units (issue 50)
+SAPPHIRE_RAPIDS = CASCADE_LAKE | {"avx512_bf16", "amx_tile", "amx_bf16"}
+EPYC_AVX2 = {"sse2", "avx2"}
+GRAVITON3 = {"fp", "asimd", "bf16", "sve", "svebf16"}
+
+
+@pytest.fixture
+def bf16_decision(monkeypatch):
+    """cpu_bf16_units on a simulated CPU: decide(flags, slowdown) -> (fast, why), the answer cached afresh each call."""
+    def decide(flags, slowdown, onednn_cap=None):
+        monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
+        monkeypatch.setattr(hardware, "cpu_bf16_slowdown", lambda: slowdown)
+        if onednn_cap:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_cap)
+        else:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+            monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+        hardware.cpu_bf16_units.cache_clear()
+        return hardware.cpu_bf16_units()
+    yield decide
+    hardware.cpu_bf16_units.cache_clear()
+
+
+# a measured ratio either side of the old threshold (4.0) and of the dead band: the declared flags decide alone
+@pytest.mark.parametrize("slowdown", [0.3, 1.2, 2.86, 4.48, 90.0])
+@pytest.mark.parametrize("flags,fast", [(CASCADE_LAKE, False), (EPYC_AVX2, False), (SAPPHIRE_RAPIDS, True),
+                                        (GRAVITON3, True), (CASCADE_LAKE | {"avx512_bf16"}, True)])
+def test_the_declared_flags_decide_bf16_whatever_a_measurement_says(bf16_decision, flags, fast, slowdown):
+    decided, why = bf16_decision(flags, slowdown)
+    assert decided is fast
+    assert why.startswith("the CPU declares")
+    assert "measured" not in why
+
+
+def test_onednn_capped_below_bf16_means_no_bf16_units_even_on_amx(bf16_decision):
+    assert bf16_decision(SAPPHIRE_RAPIDS, 0.3, onednn_cap="AVX2") == (
+        False, "ONEDNN_MAX_CPU_ISA=AVX2 leaves oneDNN no bf16 instructions")
+    assert bf16_decision(SAPPHIRE_RAPIDS, 0.3, onednn_cap="AVX512_CORE_AMX")[0] is True  # a cap above bf16: no effect
+
+
+@pytest.mark.parametrize("flags", [None, EPYC_AVX2 | {"avx_ne_convert"}])  # nothing readable; bf16 conversions alone
+@pytest.mark.parametrize("slowdown,fast", [(0.3, True), (1.0, True), (1.5, True), (1.6, False), (2.86, False),
+                                           (4.48, False), (90.0, False)])
+def test_where_nothing_is_declared_a_measurement_decides_with_the_band_on_the_fp32_side(bf16_decision, flags,
+                                                                                          slowdown, fast):
+    decided, why = bf16_decision(flags, slowdown)
+    assert decided is fast
+    assert f"a bf16 matmul took {slowdown:.2f}x the time of fp32 here (measured; bf16 at most 1.5x)" in why
+
+
+def test_the_flags_are_read_from_proc_cpuinfo_where_torch_has_no_query(tmp_path, monkeypatch):
+    monkeypatch.delattr(hardware.torch.cpu, "get_capabilities", raising=False)
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 svebf16\n")
+    assert {"avx2", "avx512_bf16"} <= hardware.cpu_flags(str(x86))
+    assert "svebf16" in hardware.cpu_flags(str(arm))
+    nothing = tmp_path / "nothing"
+    nothing.write_text("processor\t: 0\nmodel name\t: something\n")
+    assert hardware.cpu_flags(str(nothing)) is None and hardware.cpu_flags(str(tmp_path / "absent")) is None
+
+
+def test_the_trainer_warning_names_why_and_the_config_to_use(bf16_decision):
+    bf16_decision(CASCADE_LAKE, 2.86)
+    assert hardware.cpu_bf16_warning() == (
+        "warning: this CPU has no bf16 units: the CPU declares no amx_bf16, avx512_bf16 or Arm bf16 flag; bf16 "
+        "matmuls are emulated, several to ~100x slower than fp32, so this run will be many times slower than in fp32; "
+        "use ds_configs/zero2_fp32.json")
+    assert hardware.cpu_ds_config() == "ds_configs/zero2_fp32.json"
+    bf16_decision(SAPPHIRE_RAPIDS, 90.0)
+    assert hardware.cpu_bf16_warning() is None and hardware.cpu_ds_config() == "ds_configs/zero2_bf16.json"
 
 
 @pytest.mark.parametrize("value,expected", [
