@@ -94,6 +94,9 @@ def test_the_slow_machine_stand_in_caps_onednn_ignores_sigint_and_leaves_no_neig
     its exit status is the command's."""
     import psutil
 
+    def spinning():  # neighbours of any stand-in: this suite may itself run inside one
+        return {p.pid for p in psutil.process_iter(["cmdline"]) if "while True: pass" in (p.info["cmdline"] or [])}
+    before = spinning()
     probe = ("import os, signal; from gpt.config.hardware import cpu_bf16_units; "
              "print(os.environ['ONEDNN_MAX_CPU_ISA'], os.environ['DSGPT_SLOW_MACHINE'], "
              "signal.getsignal(signal.SIGINT) == signal.SIG_IGN, cpu_bf16_units()[0]); raise SystemExit(3)")
@@ -102,5 +105,4 @@ def test_the_slow_machine_stand_in_caps_onednn_ignores_sigint_and_leaves_no_neig
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.split() == ["AVX512_CORE", "1", "True", "False"]
     assert proc.stderr.splitlines()[0].startswith("slow machine: 2 busy neighbours on ")
-    spinning = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "while True: pass" in p.info["cmdline"]]
-    assert spinning == []
+    assert spinning() <= before
