@@ -11,9 +11,9 @@ reading shards; minutes on a GPU cluster): there is nothing to save, so a stop e
 one line and exit status 1, and a watchdog thread watches the launchers and ends a main thread stuck in
 C code (a rendezvous with a rank that is gone). Training (fit): finish the current step, save, exit 0, on
 every rank; the rank says so at once (a CPU step can take minutes), and a second signal, AT_ONCE_AFTER_S
-or more later, ends it at once without saving. The watchdog thread reads every signal as it arrives, in both phases:
-a Python handler runs only when the main thread is back in Python, which on a slow CPU can be seconds late. This module imports no torch: train_ds.py starts it before torch
-and DeepSpeed load."""
+or more later, ends it at once without saving. The watchdog thread reads every signal as it arrives, in both
+phases: a Python handler runs only when the main thread is back in Python, on a slow CPU seconds late. This module
+imports no torch: train_ds.py starts it before torch and DeepSpeed load."""
 import os
 import select
 import signal
@@ -209,8 +209,7 @@ class StopRequest:
 
     def _exit_now(self, line):
         """The main thread is stuck where no Python runs, inside an import, or asked twice in training (from the
-        watchdog thread): say line
-        (None: said already), release what a run holds, exit 1."""
+        watchdog thread): say line (None: said already), release what a run holds, exit 1."""
         if line:
             self._say(line)
         dist = sys.modules.get("gpt.train.dist")  # never import here: the main thread may hold the import lock

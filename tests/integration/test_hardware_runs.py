@@ -106,3 +106,11 @@ def test_the_slow_machine_stand_in_caps_onednn_ignores_sigint_and_leaves_no_neig
     assert proc.stdout.split() == ["AVX512_CORE", "1", "True", "False"]
     assert proc.stderr.splitlines()[0].startswith("slow machine: 2 busy neighbours on ")
     assert spinning() <= before
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--busy", "x", "true"], "slow_machine.sh: --busy x must be a whole number of processes"),
+    ([], "slow_machine.sh: no command given (usage: slow_machine.sh [--busy N] [--isa ISA] COMMAND...)")])
+def test_the_slow_machine_stand_in_refuses_bad_input_in_one_line(args, line):
+    proc = subprocess.run(["bash", "launch/slow_machine.sh", *args], cwd=REPO, capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (2, line, "")
