@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from train import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, forget_compiled_code,
+from train import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, forget_compiled_code, usable_dtypes,
                    print_header, print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/train.py
 from gpt.config.hardware import peak_flops
 from gpt.model import loss as losses
@@ -147,7 +147,6 @@ def build(lever, data, tmp, size, compile):
 def bf16_usable():
     """bf16 where the trainer's default config (zero1_bf16) can run it at speed: any GPU from Ampere on; on CPU the
     bench's own answer (bench/train.py)."""
-    from train import usable_dtypes
     return "bf16" in usable_dtypes()[0]
 
 
