@@ -146,6 +146,17 @@ class FixturePaths(dict):
         return str(self.request.getfixturevalue(fixture))
 
 
+def skipped(item):
+    """Whether a skip or a true skipif marker skips item: the runs it declares are then not started."""
+    return item.get_closest_marker("skip") is not None or any(any(m.args) for m in item.iter_markers("skipif"))
+
+
+def declared(session, marker_name):
+    """{name: run} of every run that the session's selected tests, but those skipped, declare with marker_name."""
+    return {name: run for item in session.items if not skipped(item) for marker in item.iter_markers(marker_name)
+            for name, run in marker.args[0].items()}
+
+
 def readers(item):
     """0 for a test that reads no background work, 1 for one that reads background_runs, 2 for two_rank_runs."""
     return 2 if item.get_closest_marker("two_rank_runs") else 1 if item.get_closest_marker("background_runs") else 0
@@ -165,10 +176,7 @@ def two_rank_launch(request, tmp_path_factory):
     """Starts the shared 2-rank launch (two_rank_runs.py) at the first integration test (they run first), in the
     background: the tests before the first one that reads it run meanwhile. None when no selected test declares
     a run."""
-    runs = {}
-    for item in request.session.items:
-        for marker in item.iter_markers("two_rank_runs"):
-            runs.update(marker.args[0])
+    runs = declared(request.session, "two_rank_runs")
     if not runs:
         yield None
         return
@@ -252,8 +260,7 @@ class BackgroundRuns(threading.Thread):
 @pytest.fixture(scope="session", autouse=True)
 def background_lane(request, tmp_path_factory, two_rank_launch):
     """Starts the background_runs of the selected tests with the first integration test; None if they declare none."""
-    runs = {name: run for item in request.session.items for marker in item.iter_markers("background_runs")
-            for name, run in marker.args[0].items()}
+    runs = declared(request.session, "background_runs")
     if not runs:
         yield None
         return

@@ -166,7 +166,7 @@ def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare
     envs = [{**node_env(tmp_path, shakespeare_dir, port, 0), "PATH": f"{bin_dir}:{os.environ['PATH']}",
              "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "dsgpt-[01-02]", "SLURM_NNODES": "2",
              "SLURM_NODEID": str(rank), "SLURM_PROCID": str(rank), "SLURM_GPUS_ON_NODE": "1",
-             "SLURM_SUBMIT_DIR": str(REPO)} for rank in (0, 1)]
+             "SLURM_SUBMIT_DIR": str(REPO), "TMPDIR": str(tmp_path)} for rank in (0, 1)]  # its hostfile goes there
     for env in envs:
         for name in ("HOSTFILE", "NODE_RANK", "MASTER_ADDR"):  # the script derives these
             env.pop(name)

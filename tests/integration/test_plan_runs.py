@@ -37,7 +37,7 @@ UNSEEN = GPTConfig(n_layer=3, n_head=3, n_embd=192, block_size=40, vocab_size=20
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])  # fp16 holds what bf16 does (tests/unit/test_plan.py)
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("loss", ["classic", "fused"])
 def test_a_steps_measured_peak_matches_the_prediction_at_an_unseen_size(precision, checkpointing, loss):

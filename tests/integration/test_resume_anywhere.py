@@ -13,16 +13,23 @@ from gpt.train import checkpoint
 
 # 1024 tokens a step: 2 ranks x micro_batch 4 x seq_len 64 x grad_accum 2, or 1 rank x grad_accum 4
 CHAIN = [*TINY, "--total_batch_tokens", "1024", "--save_every", "2", "--keep_last", "10", "--lr", "3e-3"]
-# name: (the uninterrupted 2-rank run's DeepSpeed JSON, the resumed 1-rank run's, data fixture, extra flags,
-# whether a third leg goes back to 2 ranks with the first JSON)
+# name: (the 1-rank runs' DeepSpeed JSON, the 2-rank run's, data fixture, extra flags)
 CASES = {
-    "zero1_fp32": (dict(stage=1, precision="fp32"), dict(stage=1, precision="fp32"), "shakespeare_dir", [], True),
-    "zero2_fp32": (dict(stage=2, precision="fp32"), dict(stage=2, precision="fp32"), "shakespeare_dir", [], True),
+    "zero1_fp32": (dict(stage=1, precision="fp32"), dict(stage=1, precision="fp32"), "shakespeare_dir", []),
+    "zero2_fp32": (dict(stage=2, precision="fp32"), dict(stage=2, precision="fp32"), "shakespeare_dir", []),
     # bf16 ZeRO 1 is DeepSpeed's BF16_Optimizer (fp32 gradient accumulation), ZeRO 2 its ZeRO optimizer
-    "bf16_zero1_to_zero2": (dict(stage=1), dict(stage=2), "small_vocab_dir", HALF, True),
+    "bf16_zero2_to_zero1_and_back": (dict(stage=2), dict(stage=1), "small_vocab_dir", HALF),
     # ZeRO 0 needs no conversion: its optimizer state is whole in the checkpoint
-    "zero0_fp32": (dict(stage=0, precision="fp32"), dict(stage=0, precision="fp32"), "shakespeare_dir", [], False),
+    "zero0_fp32": (dict(stage=0, precision="fp32"), dict(stage=0, precision="fp32"), "shakespeare_dir", []),
 }
+# The chain's first two legs in the session's shared 2-rank launch: the uninterrupted run on one rank (in the test
+# process, before the launch) and its resume from step 1 on two ranks; the test resumes that on one rank again.
+CHAINS = {**{f"whole_{name}": two_rank_run("--data", f"{{{data}}}", *CHAIN, *flags, "--max_steps", "6", ds_config=one,
+                                           ranks=1) for name, (one, _, data, flags) in CASES.items()},
+          **{f"two_{name}": two_rank_run("--data", f"{{{data}}}", *CHAIN, *flags, "--max_steps", "6", "--resume",
+                                         f"{{runs}}/whole_{name}/checkpoints/step_00000001", ds_config=two)
+             for name, (_, two, data, flags) in CASES.items()}}
+ZERO2_CHAIN = {name: CHAINS[name] for name in ("whole_zero2_fp32", "two_zero2_fp32")}
 
 
 def losses(records):
@@ -34,39 +41,39 @@ def largest_relative_difference(resumed, whole):
     return max(abs(resumed[s] - whole[s]) / abs(whole[s]) for s in resumed)
 
 
-@pytest.mark.two_rank_runs({f"whole_{name}": two_rank_run("--data", f"{{{data}}}", *CHAIN, *flags, "--max_steps", "6",
-                                                          ds_config=first)
-                            for name, (first, _, data, flags, _) in CASES.items()})
+def assert_converted(stdout, step_dir, stage):
+    if stage == 0:
+        assert "ZeRO 0 keeps it whole" in stdout
+    else:
+        assert f"converted {step_dir} to DeepSpeed's universal form" in stdout
+        assert "Adam's moments (through its universal form" in stdout
+
+
+@pytest.mark.two_rank_runs(CHAINS)
 @pytest.mark.parametrize("name", CASES)
-def test_two_ranks_then_one_then_two_continue_the_uninterrupted_run(tmp_path, request, two_rank_runs, name):
-    first, second, data, flags, back = CASES[name]
+def test_one_rank_then_two_then_one_continue_the_uninterrupted_run(tmp_path, request, two_rank_runs, name):
+    one, two, data, flags = CASES[name]
     data = request.getfixturevalue(data)
-    tolerance = RELATIVE_TOLERANCE[second.get("precision", "bf16")]
+    tolerance = RELATIVE_TOLERANCE[one.get("precision", "bf16")]
     whole_records, whole_proc = succeeded(two_rank_runs[f"whole_{name}"])
     whole = losses(whole_records)
+    two_records, two_proc = succeeded(two_rank_runs[f"two_{name}"])
     step_1 = out_dir_of(whole_proc) / "checkpoints" / "step_00000001"
-    one = write_ds_config(tmp_path / "one.json", **second)
-    records, proc = train(tmp_path / "one", data, *CHAIN, *flags, "--max_steps", "6", "--ds_config", one,
-                          "--resume", str(step_1))
-    assert "resumed from" in proc.stdout and "at step 2" in proc.stdout and "data position" in proc.stdout
-    if first.get("stage") == 0:
-        assert "ZeRO 0 keeps it whole" in proc.stdout
-    else:
-        assert f"converted {step_1} to DeepSpeed's universal form" in proc.stdout
-        assert "Adam's moments (through its universal form" in proc.stdout
-    one_rank = losses(records)
-    assert sorted(one_rank) == [2, 3, 4, 5]
+    assert "resumed from" in two_proc.stdout and "at step 2" in two_proc.stdout and "data position" in two_proc.stdout
+    assert_converted(two_proc.stdout, step_1, two["stage"])
+    assert sorted(losses(two_records)) == [2, 3, 4, 5]
+    step_3 = out_dir_of(two_proc) / "checkpoints" / "step_00000003"
+    config = write_ds_config(tmp_path / "one.json", **one)
+    records, proc = train(tmp_path / "one", data, *CHAIN, *flags, "--max_steps", "6", "--ds_config", config,
+                          "--resume", str(step_3))
+    assert "at step 4" in proc.stdout and sorted(losses(records)) == [4, 5]
+    assert_converted(proc.stdout, step_3, one["stage"])
     if name == "zero1_fp32":  # a second resume from the same step reuses its universal form
-        _, proc = train(tmp_path / "again_one", data, *CHAIN, *flags, "--max_steps", "3", "--ds_config", one,
-                        "--resume", str(step_1))
-        assert f"reusing {step_1 / 'universal'}, converted by an earlier resume" in proc.stdout
-    differences = {"2 -> 1 ranks": largest_relative_difference(one_rank, whole)}
-    if back:
-        again, proc = train(tmp_path / "again", data, *CHAIN, *flags, "--max_steps", "6", "--ds_config",
-                            write_ds_config(tmp_path / "two.json", **first), "--resume",
-                            str(tmp_path / "one" / "checkpoints" / "step_00000003"), ranks=2)
-        assert "at step 4" in proc.stdout and sorted(losses(again)) == [4, 5]
-        differences["1 -> 2 ranks"] = largest_relative_difference(losses(again), whole)
+        _, proc = train(tmp_path / "again", data, *CHAIN, *flags, "--max_steps", "5", "--ds_config", config,
+                        "--resume", str(step_3))
+        assert f"reusing {step_3 / 'universal'}, converted by an earlier resume" in proc.stdout
+    differences = {"1 -> 2 ranks": largest_relative_difference(losses(two_records), whole),
+                   "2 -> 1 ranks": largest_relative_difference(losses(records), whole)}
     print(f"{name}: largest relative difference from the uninterrupted run: {differences}")
     assert max(differences.values()) < tolerance, differences
     assert min(whole[s] for s in (4, 5)) < whole[0] - 0.5  # it learns: the comparison is between trained weights
@@ -105,12 +112,12 @@ def as_saved_before_format_2(step_dir):
     (step_dir / "complete.json").write_text(json.dumps(complete))
 
 
-@pytest.mark.two_rank_runs({"whole_zero2_fp32": two_rank_run("--data", "{shakespeare_dir}", *CHAIN, "--max_steps", "6",
-                                                             ds_config=CASES["zero2_fp32"][0])})
+@pytest.mark.two_rank_runs(ZERO2_CHAIN)
 def test_an_older_checkpoint_on_another_world_size_restarts_from_its_weights(tmp_path, shakespeare_dir, two_rank_runs):
-    whole_records, whole_proc = succeeded(two_rank_runs["whole_zero2_fp32"])
+    whole_records, _ = succeeded(two_rank_runs["whole_zero2_fp32"])
+    _, two_proc = succeeded(two_rank_runs["two_zero2_fp32"])  # its step 3: saved on 2 ranks
     old = tmp_path / "old" / "checkpoints" / "step_00000003"
-    shutil.copytree(out_dir_of(whole_proc) / "checkpoints" / "step_00000003", old)
+    shutil.copytree(out_dir_of(two_proc) / "checkpoints" / "step_00000003", old)
     as_saved_before_format_2(old)
     records, proc = train(tmp_path / "b", shakespeare_dir, *CHAIN, "--max_steps", "6", "--ds_config",
                           write_ds_config(tmp_path / "ds.json", **CASES["zero2_fp32"][0]), "--resume", str(old))
@@ -136,13 +143,12 @@ def test_an_older_checkpoint_on_its_own_world_size_resumes_exactly(tmp_path, sha
     assert losses(resumed) == {s: l for s, l in losses(whole).items() if s >= 2}  # bit for bit
 
 
-@pytest.mark.two_rank_runs({"whole_zero2_fp32": two_rank_run("--data", "{shakespeare_dir}", *CHAIN, "--max_steps", "6",
-                                                             ds_config=CASES["zero2_fp32"][0])})
+@pytest.mark.two_rank_runs(ZERO2_CHAIN)
 def test_a_conversion_that_fails_is_one_line_and_leaves_the_checkpoint_untouched(tmp_path, shakespeare_dir,
                                                                                  two_rank_runs):
-    _, whole_proc = succeeded(two_rank_runs["whole_zero2_fp32"])
+    _, two_proc = succeeded(two_rank_runs["two_zero2_fp32"])
     step = tmp_path / "run" / "checkpoints" / "step_00000005"
-    shutil.copytree(out_dir_of(whole_proc) / "checkpoints" / "step_00000005", step)
+    shutil.copytree(out_dir_of(two_proc) / "checkpoints" / "step_00000005", step)
     optim = step / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     optim.write_bytes(b"\0" * optim.stat().st_size)  # garbled in place: its recorded size still fits
     before = {p.name: p.read_bytes() for p in step.iterdir()}

@@ -2,11 +2,12 @@
 start (gpt/train/dist.py): a SIGTERM to the `deepspeed` command during start-up, before and after it started
 the ranks; a SIGINT during the imports; a SIGKILLed rank of two; a main thread stuck in C code; a stale
 /dev/shm allreduce buffer beside live ones; a stale JIT build lock. Each: every process gone in bounded
-time, one line, and the next launch (the same port) works. A SIGTERM after the first step (save, exit 0) is
+time, one line, and the port free for the next launch (which the SIGKILL drill makes). A SIGTERM after the first step (save, exit 0) is
 tests/integration/test_checkpoint_runs.py's drill."""
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -91,7 +92,7 @@ def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and
         tmp_path, shakespeare_dir):
     """Killed at once (before it starts anything), just after it started deepspeed.launcher.launch (the ranks
     start orphaned: the chain was cut before they looked), and after the ranks started (their watchdog sees
-    the runner go). Then a launch on the same port trains."""
+    the runner go). Then the port is free."""
     port = free_port()
     runner = start(tmp_path / "at_once", shakespeare_dir, port=port)
     runner.send_signal(signal.SIGTERM)
@@ -117,8 +118,8 @@ def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and
             assert "the deepspeed runner exiting before this rank started" in errors[0]
         else:
             assert f"its launcher exiting (pid {runner.pid})" in errors[0]
-    records, proc = train(tmp_path / "relaunch", shakespeare_dir, *ARGS, "--max_steps", "2", ranks=2, port=port)
-    assert [r["step"] for r in records if "loss" in r] == [0, 1]
+    with socket.create_server(("", port)):  # as the next launch's rendezvous does (a whole relaunch: the next drill)
+        pass
 
 
 @pytest.mark.slow

@@ -43,6 +43,16 @@ def test_the_fused_loss_never_holds_the_whole_logits():
     assert classic - fused > 16 * 64 * 4096 * 4, (classic, fused)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("loss", ["classic", "fused"])
+def test_a_fp16_step_holds_what_a_bf16_step_holds_to_the_byte(loss, checkpointing):
+    """The half dtypes differ in range, not in size: the same tensors live at every moment of a step. So the
+    measurements at an unseen size (tests/integration/test_plan_runs.py) check bf16, and fp16 through this."""
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=512)
+    bf16, fp16 = (measure_step_bytes(config, 8, 32, precision, checkpointing, loss) for precision in ("bf16", "fp16"))
+    assert bf16 == fp16 and bf16 > 0
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
 def test_a_chunk_of_the_fused_loss_holds_its_fp32_logits_once(precision):
     """At a chunk's peak: its logits in fp32 and their gradient in the compute dtype, nothing more (bf16 makes the
