@@ -4,7 +4,7 @@
     python train_ds.py --model tiny --seq_len 128 --micro_batch 8 ...               # one process
 
 The command line (gpt/commands/train.py, from gpt/config/settings.py) and the trainer (gpt/train/trainer.py: setup, with
-gpt/config/preflight.py's checks -> build -> resume -> fit).
+gpt/train/preflight.py's checks -> build -> resume -> fit).
 """
 if __name__ == "__main__":  # first: importing torch and DeepSpeed takes seconds, and a stop then ends the run too
     from gpt.train.stop import StopRequest

@@ -1,7 +1,7 @@
 """A training run's settings, each defined once: a field of one of Settings' sections, whose metadata holds its help
 text and its checks (the range it must lie in, and a check where a range does not say enough). The command line is
 generated from the fields (gpt/commands/train.py, with add_setting_arguments below), and each section checks its own
-fields (Section.problems; gpt/config/preflight.py adds what crosses sections). Imports nothing from the project, so
+fields (Section.problems; gpt/train/preflight.py adds what crosses sections). Imports nothing from the project, so
 that anything may read a run's settings without the trainer's dependencies."""
 import argparse
 import math
@@ -201,7 +201,7 @@ class Settings:
     """A run's settings, in sections that each part of the trainer reads alone (the loader the data section, the
     engine the optimizer's). The command line stays flat: one flag per field, named as the field (`--model` and
     `--data`: model.preset and data.dir). The three left open (None, 'auto') are filled once before launch, by
-    gpt.config.preflight: model.compile and optimizer.warmup_steps, and data.micro_batch 'auto' by the planner."""
+    gpt.train.preflight: model.compile and optimizer.warmup_steps, and data.micro_batch 'auto' by the planner."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)

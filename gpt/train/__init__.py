@@ -1,1 +1,1 @@
-"""A training run and what it drives: the trainer, the DeepSpeed engine, checkpoints, ranks, stops, metrics and evaluation."""
+"""A training run: the checks before launch, the trainer, the DeepSpeed engine, checkpoints, ranks, stops, metrics, evaluation."""

@@ -1,5 +1,5 @@
 """A run's start, before its first step: prepare(settings) -> Setup. Every check before launch
-(gpt/config/preflight.py), out_dir's run lock, the process group, then --micro_batch auto's size: on a resume of
+(gpt/train/preflight.py), out_dir's run lock, the process group, then --micro_batch auto's size: on a resume of
 the same run on a like device the checkpoint's, else on a GPU the probe's by real steps; and new_engine, which
 builds every engine a run steps (the probe's throwaway ones too), so that the probe measures the step the run
 takes."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from gpt.config import ds_config as dsc, hardware
-from gpt.config.preflight import AUTO, gradient_accumulation, model_flags, preflight, run_config_of
+from gpt.train.preflight import AUTO, gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
 from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
 from gpt.memory.probe import dividing_sizes, on_every_rank, probe_micro_batch
@@ -32,7 +32,7 @@ def prepare(settings):
 
 
 def setup(settings):
-    """Every check before launch (gpt/config/preflight.py), then rank 0 takes out_dir's lock (and converts a
+    """Every check before launch (gpt/train/preflight.py), then rank 0 takes out_dir's lock (and converts a
     checkpoint to resume on another layout), and every rank joins the process group."""
     world_size = launched_world_size()
     device_type = dist.device_type()

@@ -187,7 +187,9 @@ class StopRequest:
                 return
             now = time.monotonic()
             for number in os.read(self._wakeup_read, 512) if ready else b"":
-                if not number:  # close() waking us
+                # 0: close() waking us. The pipe also carries every signal another Python handler catches (torch's
+                # DataLoader sets one for SIGCHLD): only ours are stops.
+                if number not in self._handlers:
                     continue
                 name = signal.Signals(number).name
                 if self.starting:

@@ -21,7 +21,7 @@ from gpt.console import BadInput
 from gpt.data.shards import write_shard
 from gpt.memory.plan import device_total_bytes
 from gpt.model.model import GPT2_VOCAB_SIZE
-from gpt.config.preflight import model_config, validate
+from gpt.train.preflight import model_config, validate
 
 
 @pytest.fixture

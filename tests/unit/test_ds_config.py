@@ -13,7 +13,7 @@ from gpt.memory import plan
 from gpt.commands import plan as plan_command
 from gpt.commands.train import parse
 from gpt.console import BadInput
-from gpt.config.preflight import run_config_of, validate
+from gpt.train.preflight import run_config_of, validate
 
 FP32 = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
 

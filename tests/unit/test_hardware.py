@@ -8,7 +8,7 @@ import pytest
 
 from gpt.config import hardware
 from gpt.commands.train import parse
-from gpt.config.preflight import resolve_defaults
+from gpt.train.preflight import resolve_defaults
 from gpt.config.settings import GPT3_WARMUP_STEPS
 
 

@@ -109,13 +109,29 @@ def test_the_watchdog_times_training_signals_as_they_arrive_while_the_main_threa
     try:
         request.started()
         stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGINT)
-        said = wait_for(lambda: capfd.readouterr().err)
+        said = wait_for(lambda: capfd.readouterr().err, state=lambda: watchdog_state(request))
         assert said.startswith("SIGINT: finishing this step") and request.requested == "SIGINT"
         stop.time.sleep(stop.AT_ONCE_AFTER_S + 0.1)  # at least this long: the test never races the clock
         stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGINT)
         assert wait_for(lambda: exits)[0].startswith("error: stopped at once by a second SIGINT")
     finally:
         request.close()
+
+
+def test_a_signal_another_handler_catches_is_no_stop(capfd):
+    """Python writes every signal that has a Python handler into the wakeup pipe, not only ours: a library's (torch's
+    DataLoader catches SIGCHLD) must not be taken for a stop, nor hide the SIGINT after it."""
+    previous = stop.signal.signal(stop.signal.SIGUSR1, lambda *_: None)
+    request = stop.StopRequest()
+    try:
+        request.started()
+        stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGUSR1)
+        stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGINT)
+        said = wait_for(lambda: capfd.readouterr().err, state=lambda: watchdog_state(request))
+        assert said.startswith("SIGINT: finishing this step") and request.requested == "SIGINT"
+    finally:
+        request.close()
+        stop.signal.signal(stop.signal.SIGUSR1, previous)
 
 
 def test_a_start_up_stop_whose_exception_was_swallowed_ends_the_run_at_the_first_step(capfd):
@@ -135,7 +151,16 @@ def test_a_start_up_stop_whose_exception_was_swallowed_ends_the_run_at_the_first
         request.close()
 
 
-def wait_for(find, timeout=60):
+def watchdog_state(request):
+    """What a timed-out wait should say about the watchdog (it failed once in 5 suites, 2026-11-27, cause unknown)."""
+    wakeup = stop.signal.set_wakeup_fd(-1)
+    stop.signal.set_wakeup_fd(wakeup)
+    return (f"watchdog alive {request._watchdog.is_alive()}, wakeup fd {wakeup} (ours {request._wakeup_write}), "
+            f"SIGINT handler ours {stop.signal.getsignal(stop.signal.SIGINT) == request._handle}, LOCAL_RANK "
+            f"{stop.os.environ.get('LOCAL_RANK')!r}, blocked {stop.signal.pthread_sigmask(stop.signal.SIG_BLOCK, [])}")
+
+
+def wait_for(find, timeout=60, state=lambda: ""):
     """find()'s first truthy answer, polling: an event, with a timeout far beyond any machine's need."""
     deadline = stop.time.monotonic() + timeout
     while stop.time.monotonic() < deadline:
@@ -143,4 +168,4 @@ def wait_for(find, timeout=60):
         if found:
             return found
         stop.time.sleep(0.01)
-    raise AssertionError("timed out")
+    raise AssertionError(f"timed out {state()}")
