@@ -152,7 +152,7 @@ def test_a_start_up_stop_whose_exception_was_swallowed_ends_the_run_at_the_first
 
 
 def watchdog_state(request):
-    """What a timed-out wait should say about the watchdog (it failed once in 5 suites, 2026-11-27, cause unknown)."""
+    """What a timed-out wait should say about the watchdog (it timed out once in 6 full runs, 2026-11-27, cause unknown)."""
     wakeup = stop.signal.set_wakeup_fd(-1)
     stop.signal.set_wakeup_fd(wakeup)
     return (f"watchdog alive {request._watchdog.is_alive()}, wakeup fd {wakeup} (ours {request._wakeup_write}), "
