@@ -33,6 +33,22 @@ except ValueError as error:  # DeepSpeed picks its accelerator while it is impor
               f"{', '.join(known)}, or unset to let DeepSpeed detect the device", status=2)
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
+
+def _import_deepspeeds_muon_uncompiled():
+    """DeepSpeed 0.19 imports its Muon optimizer while it builds every ZeRO engine (to ask whether ours is one), and
+    that module's @torch.compile decorators import Inductor: ~2 CPU-s of every rank's start on a 2-core EPYC (18% of
+    a tiny run's process), for kernels this trainer never runs (it trains with AdamW). So it is imported here with
+    torch.compile a no-op; a run that compiles its model imports Inductor anyway."""
+    compile_ = torch.compile
+    torch.compile = lambda model=None, **options: model if model is not None else (lambda function: function)
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    finally:
+        torch.compile = compile_
+
+
+_import_deepspeeds_muon_uncompiled()
+
 # DeepSpeed 0.19's ZeRO calls torch.distributed.all_gather_into_tensor, deprecated from torch 2.13: a FutureWarning on
 # every rank of every run, about DeepSpeed's code, which a user can do nothing about
 warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",

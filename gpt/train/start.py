@@ -67,7 +67,10 @@ def setup(settings):
             dist.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
             exit_with(refusal or "refused by rank 0", 2, hard=True)
     torch.manual_seed(settings.run.seed)  # the same initial weights on every rank
-    return replace(prepared, device=device, lock=lock, peak_flops=hardware.peak_flops(device.type, prepared.precision))
+    # MFU is rank 0's to say; on CPU the peak is a ~1 s matmul measurement, which the other ranks would make at
+    # the same moment on the same cores
+    peak = hardware.peak_flops(device.type, prepared.precision) if dist.rank() == 0 else (None, None)
+    return replace(prepared, device=device, lock=lock, peak_flops=peak)
 
 
 def lock_out_dir(settings, resume_from):

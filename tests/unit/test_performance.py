@@ -1,5 +1,7 @@
 """A step's clock on an asynchronous device (the --profile trace and the CPU allocator setting:
-tests/integration/test_performance_runs.py)."""
+tests/integration/test_performance_runs.py), and a rank's start-up."""
+import torch
+
 from gpt.train import dist
 
 
@@ -17,3 +19,13 @@ def test_a_steps_clock_stops_after_the_device_finished_its_work(monkeypatch):
     result, seconds = dist.timed_on_device(lambda: events.append("step") or "loss")
     assert result == "loss" and events == ["synchronize", "clock", "step", "synchronize", "clock"]
     assert seconds == 5.0 - 2.0
+
+
+def test_a_zero_engines_start_up_compiles_nothing_of_deepspeeds_muon():
+    """DeepSpeed imports its Muon optimizer while it builds a ZeRO engine; the module's @torch.compile decorators
+    would import Inductor (~2 CPU-s of each rank's start on a 2-core CPU). gpt.train.dist imported it first with
+    torch.compile a no-op: the function is DeepSpeed's own, and torch.compile is torch's again."""
+    from deepspeed.runtime.zero.muon import original_muon
+
+    assert original_muon.zeropower_via_newtonschulz5.__code__.co_filename == original_muon.__file__
+    assert torch.compile.__module__ == "torch" and dist.torch.compile is torch.compile
