@@ -21,5 +21,5 @@ def main(argv=None, stop=None):
 
 if __name__ == "__main__":
     main(stop=STOP)
-    from gpt.train.dist import leave_process_group
+    from gpt.runtime.ranks import leave_process_group
     leave_process_group()  # here, not in main(): the tests' in-process runs share one group

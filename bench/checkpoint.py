@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.train import checkpoint, dist as gpt_dist, engine as ds_engine, universal
+from gpt.runtime import ranks
+from gpt.train import checkpoint, engine as ds_engine, universal
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS, param_count
 from gpt.train.engine import OptimizerSettings
 
@@ -75,7 +76,7 @@ def main():
     args = parser.parse_args()
     out = Path(args.out_dir)
     shutil.rmtree(out, ignore_errors=True)
-    device = gpt_dist.setup_distributed()
+    device = ranks.setup_distributed()
     config = json.loads(Path(args.ds_config).read_text())
     torch.manual_seed(0)
     optimizer = OptimizerSettings(lr=6e-4, weight_decay=0.1, warmup_steps=1, max_steps=10, min_lr_ratio=0.1)

@@ -35,8 +35,7 @@ from train import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_fi
                    print_header, print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/train.py
 from gpt.config.hardware import peak_flops
 from gpt.model import loss as losses
-from gpt.memory.probe import is_out_of_memory
-from gpt.train.metrics import peak_memory
+from gpt.runtime.memory import is_out_of_memory, peak_memory
 
 # the size each mode measures: (model, seq_len, micro_batch, total tokens per step), timed steps, micro-batch levers
 SIZES = {

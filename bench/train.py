@@ -54,14 +54,15 @@ from deepspeed.accelerator import get_accelerator
 
 from gpt.commands.train import parse
 from gpt.data.shards import ShuffledTokenLoader, find_shards, shard_name, write_shard
-from gpt.train.dist import device_type, free_port, return_freed_memory, timed_on_device
+from gpt.runtime.accelerator import device_type
+from gpt.runtime.host import return_freed_memory
+from gpt.runtime.memory import is_out_of_memory, peak_memory
+from gpt.runtime.ranks import free_port, timed_on_device
 from gpt.train.engine import OptimizerSettings, param_groups
 from gpt.config.hardware import cpu_bf16_units, measure_cpu_peak_flops, peak_flops
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE
 from gpt.model.loss import LOSS_CHOICES, fused_loss, liger_problem
 from gpt.memory.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes
-from gpt.train.metrics import peak_memory
-from gpt.memory.probe import is_out_of_memory
 from gpt.train import start
 from gpt.train.trainer import Trainer
 
@@ -432,7 +433,7 @@ def forget_compiled_code():
 
 
 def trainer_throughput(settings, repeats):
-    """The trainer's tokens/s with these settings and its last step's peak memory (gpt.train.metrics.peak_memory, reset
+    """The trainer's tokens/s with these settings and its last step's peak memory (gpt.runtime.memory.peak_memory, reset
     at each step), or tokens_per_s None and a note if it runs out of memory (then freed)."""
     trainer, result = None, dict(tokens_per_s=None, note="out of memory")
     if settings.model.compile:
@@ -551,7 +552,7 @@ def zero_worker(args):
 
 
 def measure_allocator(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):
-    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.train.dist's
+    """Trainer step with glibc's default malloc vs freed memory kept in the heap (gpt.runtime.host's
     keep_freed_memory_in_heap), in fresh processes run alternately: the setting is process-wide."""
     seconds = {"0": [], "1": []}
     for _ in range(rounds):
@@ -599,7 +600,7 @@ ALLOCATOR_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}")
                      ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
 COMPILE_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("first_step_s", "{:.1f}"), ("eager_s", "{:.3f}"),
                    ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
-# peak memory as gpt.train.metrics.peak_memory reports it here
+# peak memory as gpt.runtime.memory.peak_memory reports it here
 MEMORY_COLUMNS = [("peak_alloc_gib", "{:.2f}"), ("peak_reserved_gib", "{:.2f}")] if DEVICE == "cuda" else \
     [("peak_rss_gib", "{:.2f}")]
 LOSS_COLUMNS = [("model", "{}"), ("dtype", "{}"), ("loss", "{}"), ("compiled", "{}"), ("micro_batch", "{}"),

@@ -34,7 +34,7 @@ def join_single_rank_group():
     import deepspeed
     import torch.distributed as dist
 
-    from gpt.train.dist import free_port
+    from gpt.runtime.ranks import free_port
 
     os.environ["LOCAL_RANK"] = "0"  # DeepSpeed's engine reads it (a run in this process puts its environment back)
     if dist.is_initialized():

@@ -1,5 +1,5 @@
 """gpt-plan: one GPU's memory planned before a launch (gpt/memory/plan.py), and with --measure also found by training
-on this GPU (gpt/memory/measure.py).
+on this GPU (measure_here: engines built as the trainer builds them, searched by gpt/memory/measure.py).
 
     gpt-plan --model d12 --seq_len 1024 --ds_config ds_configs/zero1_bf16.json --gpu a800-80gb --world_size 8
     python -m gpt.commands.plan ...                                   # the same without installing
@@ -7,6 +7,8 @@ on this GPU (gpt/memory/measure.py).
 import argparse
 import json
 import math
+
+import sys
 
 from gpt.config import ds_config as dsc
 from gpt.console import BadInput, Parser, exit_if, exit_with
@@ -127,8 +129,70 @@ def measure_main(args, config):
             return None
 
     with measure.stdout_to_stderr():  # DeepSpeed's and NCCL's logs: stdout is the report's
-        report = measure.run(args, config, plan_for)
+        report = measure_here(args, config, plan_for)
     print(json.dumps(report) if args.json else measure.format_report(report))
+
+
+def measure_here(args, config, plan_for):
+    """gpt-plan --measure on this machine's GPU (main has checked the flags): the report (gpt/memory/measure.py's
+    search per config and loss), or a one-line reason on stderr and exit 1. plan_for(ds_config, loss, allocator,
+    device_bytes) is the plan."""
+    import torch
+
+    from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
+    from gpt.memory import measure
+    from gpt.memory.plan import expandable_segments, set_allocator, use_expandable_segments
+    from gpt.model.model import GPT
+
+    if not torch.cuda.is_available():
+        exit_with("--measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is "
+                  "False); without --measure, gpt-plan plans for the GPU you name")
+    if args.allocator:  # before CUDA's allocator starts
+        set_allocator(args.allocator == "expandable_segments")
+    else:
+        use_expandable_segments()
+    if accelerator.device_type() != "cuda":
+        exit_with(f"--measure: DeepSpeed's accelerator is {accelerator.device_type()!r}, not 'cuda' "
+                  f"(DS_ACCELERATOR?)")
+    ds_configs = measure.configs_for_gpu() if args.all else args.ds_config
+    if not ds_configs:
+        exit_with("--all: no ds_configs/*.json for this GPU's precisions here (run from the repository root)")
+    from deepspeed.utils import logger
+
+    from gpt.train import engine as ds_engine
+    from gpt.config import hardware
+    from gpt.train.engine import OptimizerSettings
+
+    arch_note = hardware.fix_cuda_arch_list()  # before DeepSpeed JIT-builds FusedAdam, as the trainer does
+    if arch_note:
+        print(arch_note, file=sys.stderr)
+    logger.setLevel("WARNING")  # each engine's start-up INFO lines would bury the search's
+    device = ranks.setup_distributed()
+    try:
+        cap, outside = measure.cap_allocator(args.gpu_mem)
+    except ValueError as e:
+        exit_with(e)
+    total = torch.cuda.get_device_properties(device).total_memory
+    allocator = "expandable_segments" if expandable_segments() else "default"
+    report = measure.report_header(torch.cuda.get_device_name(device), total, outside, cap, args.model, config,
+                                   args.seq_len, args.total_batch_tokens, compiled=args.compile)
+    optimizer = OptimizerSettings(6e-4, 0.1, 10, 100, 0.1)  # memory does not depend on the schedule
+    for path in ds_configs:
+        ds_config = dsc.load_checked(path)
+        for loss in args.loss:
+            def new_engine(micro_batch):
+                if args.compile:
+                    torch._dynamo.reset()  # the last size's graphs: this one compiles for its own static shapes
+                return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
+            plan = plan_for(ds_config, loss, allocator, args.gpu_mem * GiB if args.gpu_mem else total)
+            print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",
+                  file=sys.stderr, flush=True)
+            row = measure.measure_row(new_engine, plan, args.total_batch_tokens, args.seq_len, config.vocab_size,
+                                      device, log=lambda line: print(line, file=sys.stderr, flush=True),
+                                      dividing_only=args.compile)
+            report["rows"].append({"ds_config": path, "loss": loss, "allocator": allocator, **row})
+    ranks.leave_process_group()
+    return report
 
 
 if __name__ == "__main__":

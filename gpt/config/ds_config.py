@@ -200,7 +200,7 @@ def uses_activation_checkpointing(ds_config):
 
 
 def known_keys():
-    from gpt.train import dist  # noqa: F401 -- first: it imports deepspeed with DeepSpeed's logs sent to stderr
+    from gpt.runtime import accelerator  # noqa: F401 -- first: DeepSpeed imported with its logs on stderr
     from deepspeed.runtime import constants
     return DEEPSPEED_SECTIONS | {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)}
 
@@ -313,7 +313,7 @@ def deepspeed_config(sections):
     """DeepSpeed's own parsed config (deepspeed.runtime.config.DeepSpeedConfig) of `sections` with a
     placeholder batch triple, before any process group exists; its logger is silenced meanwhile (the engine
     says its warnings once more when it starts)."""
-    from gpt.train import dist  # noqa: F401 -- first: it imports deepspeed with DeepSpeed's logs sent to stderr
+    from gpt.runtime import accelerator  # noqa: F401 -- first: DeepSpeed imported with its logs on stderr
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.utils import logger
     disabled, logger.disabled = logger.disabled, True

@@ -1,5 +1,6 @@
-"""gpt-plan --measure: on the GPU it runs on, the largest micro-batch that really trains, for each DeepSpeed
-config and loss given, next to what the planner (gpt/memory/plan.py) says for the same GPU:
+"""gpt-plan --measure's search and report (gpt/commands/plan.py runs it): on the GPU it runs on, the largest
+micro-batch that really trains, for each DeepSpeed config and loss given, next to what the planner
+(gpt/memory/plan.py) says for the same GPU:
 
     gpt-plan --measure --model d12 --ds_config ds_configs/zero1_bf16.json ds_configs/zero2_fp16.json --loss fused classic
     gpt-plan --measure --all --gpu_mem 31.75 --json    # every config whose precision the GPU has, on a V100-32GB's memory
@@ -30,8 +31,6 @@ from pathlib import Path
 import torch
 
 from gpt.config import ds_config as dsc
-from gpt.console import exit_with
-from gpt.model.model import GPT
 from gpt.memory.probe import dividing_sizes, doubling, search_largest, try_step, verdict
 
 GiB = 2**30
@@ -189,58 +188,3 @@ def format_report(report):
         cells[0] = cells[0].rsplit("/", 1)[-1]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def run(args, config, plan_for):
-    """gpt-plan --measure on this machine's GPU (gpt.memory.plan.main has checked the flags): the report, or a
-    one-line reason on stderr and exit 1. plan_for(ds_config, loss, allocator, device_bytes) is the plan."""
-    from gpt.train import dist
-    from gpt.memory.plan import expandable_segments, set_allocator, use_expandable_segments
-
-    if not torch.cuda.is_available():
-        exit_with("--measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is "
-                  "False); without --measure, gpt-plan plans for the GPU you name")
-    if args.allocator:  # before CUDA's allocator starts
-        set_allocator(args.allocator == "expandable_segments")
-    else:
-        use_expandable_segments()
-    if dist.device_type() != "cuda":
-        exit_with(f"--measure: DeepSpeed's accelerator is {dist.device_type()!r}, not 'cuda' (DS_ACCELERATOR?)")
-    ds_configs = configs_for_gpu() if args.all else args.ds_config
-    if not ds_configs:
-        exit_with("--all: no ds_configs/*.json for this GPU's precisions here (run from the repository root)")
-    from deepspeed.utils import logger
-
-    from gpt.train import engine as ds_engine
-    from gpt.config import hardware
-    from gpt.train.engine import OptimizerSettings
-
-    arch_note = hardware.fix_cuda_arch_list()  # before DeepSpeed JIT-builds FusedAdam, as the trainer does
-    if arch_note:
-        print(arch_note, file=sys.stderr)
-    logger.setLevel("WARNING")  # each engine's start-up INFO lines would bury the search's
-    device = dist.setup_distributed()
-    try:
-        cap, outside = cap_allocator(args.gpu_mem)
-    except ValueError as e:
-        exit_with(e)
-    total = torch.cuda.get_device_properties(device).total_memory
-    allocator = "expandable_segments" if expandable_segments() else "default"
-    report = report_header(torch.cuda.get_device_name(device), total, outside, cap, args.model, config, args.seq_len,
-                           args.total_batch_tokens, compiled=args.compile)
-    optimizer = OptimizerSettings(6e-4, 0.1, 10, 100, 0.1)  # memory does not depend on the schedule
-    for path in ds_configs:
-        ds_config = dsc.load_checked(path)
-        for loss in args.loss:
-            def new_engine(micro_batch):
-                if args.compile:
-                    torch._dynamo.reset()  # the last size's graphs: this one compiles for its own static shapes
-                return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
-            plan = plan_for(ds_config, loss, allocator, args.gpu_mem * GiB if args.gpu_mem else total)
-            print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",
-                  file=sys.stderr, flush=True)
-            row = measure_row(new_engine, plan, args.total_batch_tokens, args.seq_len, config.vocab_size, device,
-                              log=lambda line: print(line, file=sys.stderr, flush=True), dividing_only=args.compile)
-            report["rows"].append({"ds_config": path, "loss": loss, "allocator": allocator, **row})
-    dist.leave_process_group()
-    return report

@@ -4,25 +4,12 @@ tokens (the second with Adam's moments, created by the first step, in memory); o
 and smaller sizes are bisected. Every rank probes and all must fit. On CPU the plan alone decides (a CPU
 rank swaps or is killed rather than raising out-of-memory). gpt-plan --measure (gpt/memory/measure.py) searches
 with the same steps above the plan too."""
-import gc
-
 import torch
 
-from gpt.train import dist  # first: it imports deepspeed with DeepSpeed's logs sent to stderr
-from gpt.train import metrics  # noqa: E402
-from deepspeed.accelerator import get_accelerator  # noqa: E402
-from gpt.model.model import real_vocab_size_of  # noqa: E402
-
-GiB = 2**30
-
-
-def is_out_of_memory(error):
-    """Whether `error` is an allocation that failed: torch's OutOfMemoryError, a library's RuntimeError saying the
-    same (cuBLAS, NCCL allocations), the CPU allocator's ("DefaultCPUAllocator: can't allocate memory"), Python's
-    MemoryError."""
-    text = str(error).lower()
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+from gpt.model.model import real_vocab_size_of
+from gpt.runtime.accelerator import get_accelerator
+from gpt.runtime.memory import is_out_of_memory, peak_memory, release_memory, reset_peak_memory
+from gpt.runtime.ranks import on_every_rank
 
 
 def dividing_sizes(total_batch_tokens, seq_len, world_size, largest):
@@ -42,7 +29,7 @@ def try_step(new_engine, micro_batch, seq_len, vocab_size, device, steps=STEPS):
     until the process group's timeout (in practice ranks run out together: the same shapes, the same
     memory)."""
     get_accelerator().empty_cache()
-    metrics.reset_peak_memory(device.type)
+    reset_peak_memory(device.type)
     fits, engine = False, None
     try:
         engine = new_engine(micro_batch)
@@ -52,18 +39,12 @@ def try_step(new_engine, micro_batch, seq_len, vocab_size, device, steps=STEPS):
             raise
         # leaving this block drops the error, its traceback and the step's tensors with it
     finally:
-        peak = metrics.peak_memory(device.type)
+        peak = peak_memory(device.type)
         if engine is not None:
             engine.destroy()
         del engine
         release_memory()
     return on_every_rank(fits, device), peak
-
-
-def release_memory():
-    """Return what freed tensors held to the device, the caching allocator's blocks too (after an engine is dropped)."""
-    gc.collect()
-    get_accelerator().empty_cache()
 
 
 def _step(engine, micro_batch, seq_len, vocab_size, device):
@@ -87,11 +68,6 @@ def _forward(engine, tokens):
         if not is_out_of_memory(error):
             raise
     return None
-
-
-def on_every_rank(flag, device):
-    """Whether flag holds on every rank."""
-    return dist.mean_over_ranks(torch.tensor(float(flag), device=device)).item() == 1.0
 
 
 def doubling(sizes):

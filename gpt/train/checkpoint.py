@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.train import dist
+from gpt.runtime import ranks
 from gpt.console import BadInput, directory_problem, out_dir_problem, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
 from gpt.console import NEARLY_FULL, atomic_write, nearest_existing, space_problem
@@ -159,9 +159,9 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
         setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, {})
     client_state = {**client_state, "run_config": run_config}
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
-    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{dist.rank():05d}.pt")
-    dist.barrier()  # every rank's files are on disk
-    if dist.rank() == 0:
+    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{ranks.rank():05d}.pt")
+    ranks.barrier()  # every rank's files are on disk
+    if ranks.rank() == 0:
         with atomic_write(ckpt_dir / tag / RUN_CONFIG) as tmp:
             tmp.write_text(json.dumps(run_config, indent=1))
         with atomic_write(ckpt_dir / tag / COMPLETE) as tmp:
@@ -169,7 +169,7 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
         with atomic_write(ckpt_dir / LATEST) as tmp:
             tmp.write_text(tag)
         prune(ckpt_dir, keep_last, keep_every)
-    dist.barrier()
+    ranks.barrier()
     return ckpt_dir / tag
 
 
@@ -496,7 +496,7 @@ def load(engine, path, load_optimizer_states=True, restore_rng=True):
         raise BadInput(f"{path}: DeepSpeed could not load this checkpoint")
     if not (load_optimizer_states and restore_rng):
         return client_state, None
-    rng_file = path / f"rng_rank{dist.rank():05d}.pt"
+    rng_file = path / f"rng_rank{ranks.rank():05d}.pt"
     if os.path.lexists(rng_file) and not_regular(rng_file):  # a FIFO would block torch.load forever
         return client_state, f"{rng_file.name} is {not_regular(rng_file)}"
     try:

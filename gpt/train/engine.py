@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt.train import dist  # first: it imports deepspeed with DeepSpeed's logs sent to stderr
+from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.config import ds_config as dsc
 from gpt.model.wrap import wrap
 
@@ -18,18 +18,18 @@ from deepspeed.runtime import bf16_optimizer  # noqa: E402
 
 
 def initialize(model, ds_config, micro_batch, grad_accum, optimizer, loss=None, compile=False):
-    """The DeepSpeed engine around model, in the process group that exists (gpt.train.dist), with AdamW and the
+    """The DeepSpeed engine around model, in the process group that exists (gpt.runtime.ranks), with AdamW and the
     schedule from `optimizer` (OptimizerSettings below). The model is first wrapped as a run trains it
     (gpt.model.wrap.wrap: the --loss, None for the model's own; then activation checkpointing; then --compile): with an
     `activation_checkpointing` block in the JSON, every transformer block is recomputed in backward through
     DeepSpeed's checkpoint API."""
-    config = dsc.fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * dist.world_size(), optimizer.lr,
+    config = dsc.fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * ranks.world_size(), optimizer.lr,
                       optimizer.weight_decay)
     checkpoint_fn = None
     if dsc.uses_activation_checkpointing(config):
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
         checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
-    wrap(model, loss, dist.device_type(), dsc.precision(config), checkpoint_fn=checkpoint_fn, compile=compile)
+    wrap(model, loss, accelerator.device_type(), dsc.precision(config), checkpoint_fn=checkpoint_fn, compile=compile)
     with no_memory_dumps():
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, optimizer.weight_decay), config=config,

@@ -9,14 +9,13 @@ import collections
 import json
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from gpt.console import say
+from gpt.runtime.memory import peak_memory
 
 TENSORBOARD_DIR = "tensorboard"
 # TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
@@ -233,40 +232,6 @@ def duration(seconds):
     if hours:
         return f"{hours}h{minutes:02d}m"
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
-
-
-# A training step's peak memory, as the trainer reports it: reset at the step's start, read at its end; on
-# CUDA the caching allocator's peaks, on CPU the resident set's.
-GiB = 2**30
-
-
-def reset_peak_memory(device_type):
-    """Start a new peak: on CUDA the caching allocator's, on CPU the resident set's (Linux's VmHWM, reset
-    through /proc/self/clear_refs; elsewhere the lifetime peak stays)."""
-    if device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass
-
-
-def peak_memory(device_type):
-    """This process's peak memory (GiB) since reset_peak_memory: on CUDA what the caching allocator
-    allocated and reserved; on CPU the resident set."""
-    if device_type == "cuda":
-        return {"peak_alloc_gib": torch.cuda.max_memory_allocated() / GiB,
-                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GiB}
-    try:
-        with open("/proc/self/status") as status:
-            peak_bytes = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
-    except (OSError, StopIteration):
-        import resource
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_bytes = peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
-    return {"peak_rss_gib": peak_bytes / GiB}
 
 
 # --profile STEPS: a torch profiler trace of a few training steps, for TensorBoard's profiler view.

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import torch
 
+from gpt.runtime import accelerator, host, ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.config import ds_config as dsc, hardware
 from gpt.train.preflight import AUTO, gradient_accumulation, model_flags, preflight, run_config_of
 from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
 from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
-from gpt.memory.probe import dividing_sizes, on_every_rank, probe_micro_batch
+from gpt.memory.probe import dividing_sizes, probe_micro_batch
 from gpt.model.model import GPT, param_count
 from gpt.model.wrap import loss_label
-from gpt.train import checkpoint, dist, run_lock, universal
+from gpt.train import checkpoint, run_lock, universal
 from gpt.train.engine import OptimizerSettings, initialize
 from gpt.train.hf import load_hf_weights
 
@@ -35,7 +36,7 @@ def setup(settings):
     """Every check before launch (gpt/train/preflight.py), then rank 0 takes out_dir's lock (and converts a
     checkpoint to resume on another layout), and every rank joins the process group."""
     world_size = launched_world_size()
-    device_type = dist.device_type()
+    device_type = accelerator.device_type()
     if device_type == "cuda":
         say0(use_expandable_segments())  # before anything starts CUDA's allocator (the planner may)
     try:
@@ -58,18 +59,18 @@ def setup(settings):
             say(warning, sys.stderr)
     if settings.run.deterministic:
         hardware.make_deterministic(device_type)
-    device = dist.setup_distributed(allow_cpu_fp16=settings.run.cpu_fp16 and prepared.precision == "fp16",
+    device = ranks.setup_distributed(allow_cpu_fp16=settings.run.cpu_fp16 and prepared.precision == "fp16",
                                     timeout_s=settings.run.collective_timeout)
     if launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
-        if dist.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
+        if ranks.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
             # Hard: the rank that hosted the group's store may be gone already, and tearing the group down then
             # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
-            dist.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
+            host.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
             exit_with(refusal or "refused by rank 0", 2, hard=True)
     torch.manual_seed(settings.run.seed)  # the same initial weights on every rank
     # MFU is rank 0's to say; on CPU the peak is a ~1 s matmul measurement, which the other ranks would make at
     # the same moment on the same cores
-    peak = hardware.peak_flops(device.type, prepared.precision) if dist.rank() == 0 else (None, None)
+    peak = hardware.peak_flops(device.type, prepared.precision) if ranks.rank() == 0 else (None, None)
     return replace(prepared, device=device, lock=lock, peak_flops=peak)
 
 
@@ -126,7 +127,7 @@ def new_engine(setup, micro_batch, grad_accum, initial_weights=True):
 
 def with_micro_batch(setup, micro_batch):
     """The setup at another micro-batch: its accumulation and run config follow."""
-    settings, world_size = setup.settings.replace(micro_batch=micro_batch), dist.world_size()
+    settings, world_size = setup.settings.replace(micro_batch=micro_batch), ranks.world_size()
     return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings.data, world_size),
                    run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size,
                                             setup.run_config.get(AUTO)))
@@ -147,8 +148,8 @@ def kept_micro_batch(setup):
     fallback, free RAM on CPU). Every rank must agree (one collective); the first step's fallback still applies."""
     saved = checkpoint.read_run_config(setup.resume_from) if setup.resume_from else {}
     size, data, record = saved.get("args", {}).get("micro_batch"), setup.settings.data, setup.run_config.get(AUTO)
-    fits = dividing_sizes(data.total_batch_tokens, data.seq_len, dist.world_size(), setup.auto_plan["micro_batch"])
-    if not on_every_rank(record is not None and saved.get(AUTO) == record and size in fits, setup.device):
+    fits = dividing_sizes(data.total_batch_tokens, data.seq_len, ranks.world_size(), setup.auto_plan["micro_batch"])
+    if not ranks.on_every_rank(record is not None and saved.get(AUTO) == record and size in fits, setup.device):
         return None
     setup = with_micro_batch(setup, size)
     say0(f"--micro_batch auto: kept micro_batch {size} x grad_accum {setup.grad_accum}, which the checkpoint's run "
@@ -160,7 +161,7 @@ def probe(setup):
     """--micro_batch auto on a GPU: one real step at the planned micro-batch on a throwaway engine built as the
     run's (compiled when the run compiles), smaller sizes that divide the token budget tried on out-of-memory
     (gpt/memory/probe.py). Returns the setup at the largest that fits."""
-    settings, plan, world_size = setup.settings, setup.auto_plan, dist.world_size()
+    settings, plan, world_size = setup.settings, setup.auto_plan, ranks.world_size()
     data = settings.data
     candidates = dividing_sizes(data.total_batch_tokens, data.seq_len, world_size, plan["micro_batch"])
 
@@ -186,7 +187,7 @@ def smaller_micro_batch(setup):
     next smaller size that divides the token budget, said in one line; exits when there is none."""
     settings = setup.settings
     data = settings.data
-    smaller = dividing_sizes(data.total_batch_tokens, data.seq_len, dist.world_size(), data.micro_batch - 1)
+    smaller = dividing_sizes(data.total_batch_tokens, data.seq_len, ranks.world_size(), data.micro_batch - 1)
     if not smaller:
         exit_with(f"--micro_batch auto: even micro-batch {data.micro_batch} ran out of memory in the run's first "
                   f"step; use ZeRO-2, activation checkpointing (ds_configs/*_ckpt.json), a shorter --seq_len or more "
@@ -203,7 +204,7 @@ def out_of_memory_message(setup, error):
     states need per rank (the planner's count), what to do, and the allocator's own first line."""
     n_params = param_count(setup.model_config)
     need = sum(model_state_bytes(n_params, dsc.precision(setup.ds_config), dsc.zero_stage(setup.ds_config),
-                                 dist.world_size(), setup.ds_config).values())
+                                 ranks.world_size(), setup.ds_config).values())
     reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
     return (f"out of memory building the model and its DeepSpeed engine ({model_flags(setup.settings)}: "
             f"{n_params:.3g} parameters, whose weights, gradients and optimizer states need {need / GiB:,.1f} GiB per "

@@ -214,9 +214,9 @@ class StopRequest:
         watchdog thread): say line (None: said already), release what a run holds, exit 1."""
         if line:
             self._say(line)
-        dist = sys.modules.get("gpt.train.dist")  # never import here: the main thread may hold the import lock
-        if dist is not None:
-            dist.release_cpu_comm_buffer()
+        host = sys.modules.get("gpt.runtime.host")  # never import here: the main thread may hold the import lock
+        if host is not None:
+            host.release_cpu_comm_buffer()
         os._exit(1)
 
     def started(self):
@@ -254,10 +254,10 @@ class StopRequest:
         """Whether any rank was asked to stop (a collective: every rank calls it once per step)."""
         import torch  # here, not above: see the module's docstring
 
-        from gpt.train import dist
+        from gpt.runtime import ranks
         self.check_launchers()
         flag = torch.tensor(float(bool(self.requested)), device=device)
-        stopping = dist.mean_over_ranks(flag).item() > 0
+        stopping = ranks.mean_over_ranks(flag).item() > 0
         if stopping:  # a shared launcher may have gone just after this rank looked: say so, not 'another rank'
             self.check_launchers()
         return stopping

@@ -12,11 +12,11 @@ import torch
 from gpt.console import BadInput, exit_with, say, say0, write_problem
 from gpt.data import hellaswag
 from gpt.data.shards import ShuffledTokenLoader, ValidationSet, find_shards
-from gpt.memory.probe import is_out_of_memory, on_every_rank, release_memory
-from gpt.train import checkpoint, dist, engine as ds_engine, start, universal
+from gpt.runtime import ranks  # first: DeepSpeed imported with its logs on stderr
+from gpt.runtime.memory import is_out_of_memory, release_memory, reset_peak_memory
+from gpt.train import checkpoint, engine as ds_engine, start, universal
 from gpt.train.evaluate import sample_text, validation_loss
-from gpt.train.metrics import (MetricsLogger, Progress, hparams_of, reset_peak_memory, slow_step_warning,
-                               step_metrics, step_profiler)
+from gpt.train.metrics import MetricsLogger, Progress, hparams_of, slow_step_warning, step_metrics, step_profiler
 from gpt.train.stop import StopRequest
 
 LOSS_SCALE_AT_MINIMUM = "Current loss scale already at minimum"
@@ -51,7 +51,7 @@ def train_or_exit(settings, stop):
         # own load failed, or --init_from's weights (read only here, once) are unreadable or misshapen
         exit_with(e, 1)
     except Exception as e:
-        if dist.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
+        if ranks.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
             exit_with(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "
                       f"Relaunch the whole job with --resume auto; last good checkpoint: "
                       f"{last_good_checkpoint(settings)}", 1, every_rank=True)
@@ -118,7 +118,7 @@ class Trainer:
         self.engine, self.model, loss_label = start.new_engine(setup, data.micro_batch, setup.grad_accum)
         self.device, self.grad_accum, self.run_config = setup.device, setup.grad_accum, setup.run_config
         self.hellaswag_examples = setup.hellaswag_examples
-        rank, self.world_size = dist.rank(), dist.world_size()
+        rank, self.world_size = ranks.rank(), ranks.world_size()
         self.train_loader = ShuffledTokenLoader(
             find_shards(data.dir, "train"), data.micro_batch, data.seq_len, rank, self.world_size,
             seed=settings.run.seed, windows_per_batch=data.total_batch_tokens // data.seq_len,
@@ -176,7 +176,7 @@ class Trainer:
         if rng_problem:
             say(f"warning: [rank {engine.global_rank}] {path}: {rng_problem}: this rank's random state was not "
                 f"restored, so the run will not repeat an uninterrupted one exactly", sys.stderr)
-        every_rng = dist.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=self.device)).item() == 1.0
+        every_rng = ranks.mean_over_ranks(torch.tensor(0.0 if rng_problem else 1.0, device=self.device)).item() == 1.0
         layout = (f"saved on {saved['world_size']} rank(s) with ZeRO {saved['zero_stage']}, now "
                   f"{self.world_size} with ZeRO {engine.zero_optimization_stage()}")
         if kind == "weights":
@@ -234,7 +234,7 @@ class Trainer:
         """One optimizer step as fit takes it: train, log, the guard's verdict. Returns the loss."""
         lr = self.engine.get_lr()[0]
         reset_peak_memory(self.device.type)
-        (loss, skipped), seconds = dist.timed_on_device(self._train_step)
+        (loss, skipped), seconds = ranks.timed_on_device(self._train_step)
         self._log_step(step, lr, loss, skipped, seconds)
         self._guard_step(step, loss, skipped)
         return loss
@@ -296,7 +296,7 @@ class Trainer:
             _, loss = engine(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
             loss_sum += loss.detach()  # stays on device: one host sync per step, below
             if micro == self.grad_accum - 1:
-                mean_loss = dist.mean_over_ranks(loss_sum).item() / self.grad_accum
+                mean_loss = ranks.mean_over_ranks(loss_sum).item() / self.grad_accum
                 if self.guard.check_loss(mean_loss):
                     if not self.guard_active:
                         raise StopTraining(f"loss {mean_loss} and this optimizer has no skip path (ZeRO 0)")
@@ -334,7 +334,7 @@ class Trainer:
             if not is_out_of_memory(error):
                 raise
             fitted = False  # leaving this block drops the error, its traceback and the step's tensors
-        if not on_every_rank(fitted, self.device):
+        if not ranks.on_every_rank(fitted, self.device):
             raise FirstStepOutOfMemory
 
     # -- the parts of a resume -----------------------------------------------------------------------------------

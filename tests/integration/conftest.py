@@ -17,7 +17,7 @@ import pytest
 
 from common import REPO, SMALL_VOCAB, join_single_rank_group  # before DeepSpeed: it pins the CPU accelerator
 from gpt.data.shards import find_shards, load_shard, write_shard
-from gpt.train.dist import free_port
+from gpt.runtime.ranks import free_port
 from in_process import run_main
 
 FP32_CONFIG = "ds_configs/zero2_fp32.json"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from gpt.train import dist as gpt_dist, engine as ds_engine
+from gpt.runtime import ranks
+from gpt.train import engine as ds_engine
 from gpt.config.ds_config import precision
 from gpt.model.model import GPT, GPTConfig
 from gpt.memory.plan import engine_state_bytes, resident_model_state_bytes
@@ -20,7 +21,7 @@ def measure(config_path, stage, fp32, device):
     config["zero_optimization"]["stage"] = stage
     if fp32:
         config.pop("bf16", None), config.pop("fp16", None), config.pop("data_types", None)
-    world = gpt_dist.world_size()
+    world = ranks.world_size()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=1024))
     n_params = model.num_params()
@@ -32,7 +33,7 @@ def measure(config_path, stage, fp32, device):
         engine.backward(loss)
         engine.step()
     planned = resident_model_state_bytes(n_params, precision(config), stage, world, config)
-    report = {"setting": f"{config_path}:{stage}:{'fp32' if fp32 else precision(config)}", "rank": gpt_dist.rank(),
+    report = {"setting": f"{config_path}:{stage}:{'fp32' if fp32 else precision(config)}", "rank": ranks.rank(),
               "optimizer": type(engine.optimizer).__name__, "owned": engine_state_bytes(engine), "planned": planned}
     engine.destroy()
     return report
@@ -43,11 +44,11 @@ def main(argv=None):
     parser.add_argument("--out_dir", type=Path, required=True)
     parser.add_argument("settings", nargs="+", help="config:stage:precision")
     args, _ = parser.parse_known_args(argv)  # the launcher adds --local_rank
-    device = gpt_dist.setup_distributed(allow_cpu_fp16=True)
+    device = ranks.setup_distributed(allow_cpu_fp16=True)
     reports = [measure(config_path, int(stage), kind == "fp32", device)
                for config_path, stage, kind in (setting.split(":") for setting in args.settings)]
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"engine_memory_rank{gpt_dist.rank()}.json").write_text(json.dumps(reports))
+    (args.out_dir / f"engine_memory_rank{ranks.rank()}.json").write_text(json.dumps(reports))
 
 
 if __name__ == "__main__":

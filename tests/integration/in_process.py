@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-import train_ds  # first: gpt.train.dist imports DeepSpeed so that its logger writes to stderr
+import train_ds  # first: gpt.runtime.accelerator imports DeepSpeed so that its logger writes to stderr
 from deepspeed.accelerator import get_accelerator
 from deepspeed.utils import logger as deepspeed_logger
 
@@ -27,7 +27,7 @@ def run_main(argv, main=train_ds.main):
     process has joined (a run joins one if there is none). What a run changes in the process is put back:
     the environment, the working directory (the repository during the run, as the tests launch it), signal
     handlers, torch's thread count and deterministic mode, the CPU accelerator's fp16 switch (--cpu_fp16).
-    malloc keeps glibc's defaults (gpt.train.dist.keep_freed_memory_in_heap would hold this process's RSS at its
+    malloc keeps glibc's defaults (gpt.runtime.host.keep_freed_memory_in_heap would hold this process's RSS at its
     peak for good; tests/integration/test_performance_runs.py checks that setting in a process of its own)."""
     accelerator = get_accelerator()
     environ, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()

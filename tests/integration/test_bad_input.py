@@ -15,7 +15,7 @@ import torch
 
 import train_ds
 from conftest import REPO, free_port, out_dir_of, plain_shell_env, two_rank_run
-from gpt.train import dist
+from gpt.runtime import accelerator
 from gpt.commands.train import parse
 from gpt.console import BadInput
 from gpt.data.shards import write_shard
@@ -28,7 +28,7 @@ from gpt.train.preflight import model_config, validate
 def run_main(shakespeare_dir, capsys, monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("the input passed validation: the run would have started")
-    monkeypatch.setattr("gpt.train.dist.setup_distributed", started)  # a case that fails to fail, fails fast
+    monkeypatch.setattr("gpt.runtime.ranks.setup_distributed", started)  # a case that fails to fail, fails fast
 
     def run(*args, data=None):
         argv = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
@@ -534,7 +534,7 @@ def test_bad_training_input_is_one_line_and_exit_2(run_main, tmp_path, flags, ex
     flags = flags(tmp_path) if callable(flags) else flags
     path = flags[flags.index("--ds_config") + 1] if "--ds_config" in flags else ""
     code, err = run_main("--out_dir", str(tmp_path / "out"), *flags)
-    device = device_total_bytes(dist.device_type())[1]  # the machine's memory, for the refusals of huge models
+    device = device_total_bytes(accelerator.device_type())[1]  # the machine's memory, for the refusals of huge models
     assert (code, err) == (2, expected.format(path=path, tmp=tmp_path, device=device) + "\n")
     assert not (tmp_path / "out").exists()  # nothing written
 
@@ -670,7 +670,7 @@ def test_an_unfinished_preparation_is_one_warning_and_trains(shakespeare_dir, tm
     shutil.copytree(shakespeare_dir, data)
     progress = data / "shakespeare_prepare.json"
     progress.write_text(json.dumps({**json.loads(progress.read_text()), "complete": False}))
-    monkeypatch.setattr("gpt.train.dist.setup_distributed", lambda **kwargs: sys.exit("started"))
+    monkeypatch.setattr("gpt.runtime.ranks.setup_distributed", lambda **kwargs: sys.exit("started"))
     with pytest.raises(SystemExit, match="started"):
         train_ds.main(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
                        "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(data), "--out_dir", str(tmp_path / "out")])

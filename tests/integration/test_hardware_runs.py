@@ -9,16 +9,16 @@ import pytest
 
 from conftest import HALF, NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
 from gpt.config import hardware
-from gpt.train import dist
+from gpt.runtime import host
 
 
-@pytest.mark.skipif(dist.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
+@pytest.mark.skipif(host.cpu_info_from_proc() is None, reason="py-cpuinfo answers itself off x86-64 Linux")
 def test_deepspeed_builds_its_cpu_ops_with_the_flags_py_cpuinfo_would_give(monkeypatch):
-    """gpt.train.dist (conftest imports it) answers py-cpuinfo's get_cpu_info from /proc/cpuinfo (gpt.train.dist): DeepSpeed's
+    """gpt.runtime.accelerator (conftest imports it) answers py-cpuinfo's get_cpu_info from /proc/cpuinfo (gpt/runtime/host.py): DeepSpeed's
     op builder must pick the same -march and SIMD width as with py-cpuinfo's own answer, or it would rebuild its ops with other flags."""
     import cpuinfo
     from deepspeed.ops.op_builder.cpu import FusedAdamBuilder
-    builder, fast = FusedAdamBuilder(), dist.cpu_info_from_proc()
+    builder, fast = FusedAdamBuilder(), host.cpu_info_from_proc()
     assert cpuinfo.get_cpu_info() == fast  # what DeepSpeed gets in a gpt process
 
     def decisions():  # DeepSpeedCPUAdam also reads the vendor (a warning for fp16 on AMD)

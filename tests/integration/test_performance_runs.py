@@ -25,7 +25,7 @@ def test_profile_writes_a_trace_per_rank_for_tensorboard(two_rank_runs):
 
 RESIDENT_AFTER_FREE = """
 import torch
-from gpt.train.dist import keep_freed_memory_in_heap
+from gpt.runtime.host import keep_freed_memory_in_heap
 if {keep}:
     keep_freed_memory_in_heap()
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096

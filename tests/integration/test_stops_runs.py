@@ -1,5 +1,5 @@
 """Stops at any moment end cleanly (gpt/train/stop.py), and what killed runs leave behind is removed at the next
-start (gpt/train/dist.py): a SIGTERM to the `deepspeed` command during start-up, before and after it started
+start (gpt/runtime/host.py): a SIGTERM to the `deepspeed` command during start-up, before and after it started
 the ranks; a SIGINT during the imports; a SIGKILLed rank of two; a main thread stuck in C code; a stale
 /dev/shm allreduce buffer beside live ones; a stale JIT build lock. Each: every process gone in bounded
 time, one line, and the port free for the next launch (which the SIGKILL drill makes). A SIGTERM after the first step (save, exit 0) is
@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import REPO, TINY, free_port, train
-from gpt.train import dist
+from gpt.runtime import host
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
 GONE_WITHIN_S = 60  # generous: the machine is shared and loaded; gpt/train/stop.py's hard exit is at 10 s
@@ -226,7 +226,7 @@ def test_a_buffer_opened_while_it_was_being_removed_is_kept(tmp_path, monkeypatc
     """The rename-first removal: a run that opens the buffer after the first look keeps it."""
     buffer = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.99_1_0"
     buffer.write_bytes(b"\0" * 4096)
-    first_look, holders = dist.held_files, []
+    first_look, holders = host.held_files, []
 
     def opened_meanwhile(keys):
         held = first_look(keys)
@@ -234,9 +234,9 @@ def test_a_buffer_opened_while_it_was_being_removed_is_kept(tmp_path, monkeypatc
             holders.append(hold(buffer, mapped=False))
         return held
 
-    monkeypatch.setattr(dist, "held_files", opened_meanwhile)
+    monkeypatch.setattr(host, "held_files", opened_meanwhile)
     try:
-        assert dist.remove_stale_shm_buffers(tmp_path) == []
+        assert host.remove_stale_shm_buffers(tmp_path) == []
         assert buffer.exists()
     finally:
         holders[0].kill()

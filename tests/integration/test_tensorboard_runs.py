@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from conftest import TINY, train
-from gpt.train.dist import free_port
+from gpt.runtime.ranks import free_port
 from gpt.train.metrics import MAIN_HPARAMS, layout, sectioned_tag
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--lr", "3e-3", "--val_every", "2", "--val_tokens", "512",

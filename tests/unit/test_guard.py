@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from common import REPO
-from gpt.train import dist, engine as ds_engine
+from gpt.runtime import accelerator
+from gpt.train import engine as ds_engine
 from gpt.train.engine import OptimizerSettings, SpikeGuard, install_grad_norm_hook
 from gpt.model.model import GPT, GPTConfig
 
@@ -20,7 +21,7 @@ def build_engine(config_name, fp32=False):
     if fp32:
         config.pop("bf16"), config.pop("data_types")
     if "fp16" in config:
-        dist.enable_cpu_fp16()
+        accelerator.enable_cpu_fp16()
         config["fp16"]["initial_scale_power"] = 6  # so that the 20x spike below is an outlier, not an overflow
     torch.manual_seed(0)
     return ds_engine.initialize(GPT(MODEL), config, micro_batch=2, grad_accum=1, optimizer=OPTIMIZER)

@@ -58,22 +58,17 @@ def test_the_planner_does_not_import_the_command_line():
 
 
 # docs/architecture.md's order: a package imports only from those before it (and from its own modules)
-LAYERS = ["console", "model", "data", "config", "memory", "train", "commands"]
-# The imports that still run back up, each to be removed by issue 52's runtime floor (the rank API, peak memory and
-# the quiet DeepSpeed import below config/) and by gpt-plan --measure's body moving to commands/. Equality, not
-# inclusion: a new one fails, and so does one removed without its line here.
-STILL_RUNNING_UP = {("config.ds_config", "train.dist"), ("memory.measure", "train.dist"),
-                    ("memory.measure", "train.engine"), ("memory.probe", "train.dist"), ("memory.probe", "train.metrics")}
+LAYERS = ["console", "runtime", "model", "data", "config", "memory", "train", "commands"]
 
 
 def layer(module):
     return LAYERS.index(module.split(".")[0])
 
 
-def test_no_import_runs_back_up_the_layers_but_those_listed():
+def test_no_import_runs_back_up_the_layers():
     up = {(module, imported) for module in MODULES for imported in gpt_imports(module)
           if imported in MODULES and layer(imported) > layer(module)}
-    assert up == STILL_RUNNING_UP
+    assert up == set()
 
 
 def test_no_library_module_imports_a_command_or_runs_as_a_script():
@@ -94,5 +89,5 @@ def test_the_trainer_reads_at_most_twelve_project_modules():
     """Understanding a step means opening the trainer and what it imports: kept to 12 modules (issue 40; 29 before
     the re-layout), the run's start, the model's wrapping and the planner reached through gpt/train/start.py."""
     imported = {module for module in gpt_imports("train.trainer")
-                if module not in PACKAGES}  # `from gpt.train import dist`: the module, not its package
+                if module not in PACKAGES}  # `from gpt.runtime import ranks`: the module, not its package
     assert len(imported) <= 12, sorted(imported)

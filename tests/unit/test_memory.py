@@ -3,7 +3,7 @@ how the planner reads it back), and the per-step peak it logs."""
 import numpy as np
 
 from gpt.memory.plan import expandable_segments, use_expandable_segments
-from gpt.train.metrics import peak_memory, reset_peak_memory
+from gpt.runtime.memory import peak_memory, reset_peak_memory
 
 
 def test_the_trainer_turns_on_expandable_segments_unless_the_user_chose():

@@ -2,7 +2,7 @@
 tests/integration/test_performance_runs.py), and a rank's start-up."""
 import torch
 
-from gpt.train import dist
+from gpt.runtime import accelerator, ranks
 
 
 def test_a_steps_clock_stops_after_the_device_finished_its_work(monkeypatch):
@@ -14,18 +14,18 @@ def test_a_steps_clock_stops_after_the_device_finished_its_work(monkeypatch):
     class Accelerator:
         def synchronize(self):
             events.append("synchronize")
-    monkeypatch.setattr(dist, "get_accelerator", Accelerator)
-    monkeypatch.setattr(dist.time, "perf_counter", lambda: events.append("clock") or float(len(events)))
-    result, seconds = dist.timed_on_device(lambda: events.append("step") or "loss")
+    monkeypatch.setattr(ranks, "get_accelerator", Accelerator)
+    monkeypatch.setattr(ranks.time, "perf_counter", lambda: events.append("clock") or float(len(events)))
+    result, seconds = ranks.timed_on_device(lambda: events.append("step") or "loss")
     assert result == "loss" and events == ["synchronize", "clock", "step", "synchronize", "clock"]
     assert seconds == 5.0 - 2.0
 
 
 def test_a_zero_engines_start_up_compiles_nothing_of_deepspeeds_muon():
     """DeepSpeed imports its Muon optimizer while it builds a ZeRO engine; the module's @torch.compile decorators
-    would import Inductor (~2 CPU-s of each rank's start on a 2-core CPU). gpt.train.dist imported it first with
-    torch.compile a no-op: the function is DeepSpeed's own, and torch.compile is torch's again."""
+    would import Inductor (~1.3 CPU-s of each rank's start on a 2-core EPYC). gpt.runtime.accelerator imported it first
+    with torch.compile a no-op: the function is DeepSpeed's own, and torch.compile is torch's again."""
     from deepspeed.runtime.zero.muon import original_muon
 
     assert original_muon.zeropower_via_newtonschulz5.__code__.co_filename == original_muon.__file__
-    assert torch.compile.__module__ == "torch" and dist.torch.compile is torch.compile
+    assert torch.compile.__module__ == "torch" and accelerator.torch.compile is torch.compile

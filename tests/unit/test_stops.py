@@ -1,11 +1,12 @@
-"""What stops and start-up clean-ups decide without a process (gpt/train/stop.py, gpt/train/dist.py): a launch
+"""What stops and start-up clean-ups decide without a process (gpt/train/stop.py, gpt/runtime/host.py): a launch
 that lost its runner, a stop inside an import, a stale JIT build lock on a local or a shared file system. (The
 drills: tests/integration/test_stops_runs.py.)"""
 import sys
 
 import pytest
 
-from gpt.train import dist, stop
+from gpt.runtime import host
+from gpt.train import stop
 
 
 class FakeProcess:
@@ -59,9 +60,9 @@ def test_a_stale_lock_is_removed_on_a_local_file_system_and_reported_on_a_shared
     lock.parent.mkdir()
     lock.touch()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr(dist, "file_system_type", lambda path: file_system)
+    monkeypatch.setattr(host, "file_system_type", lambda path: file_system)
     lines = []
-    removed = dist.handle_stale_jit_locks(say=lines.append)
+    removed = host.handle_stale_jit_locks(say=lines.append)
     assert len(lines) == 1 and lines[0].startswith("warning:")
     if file_system == "ext4":
         assert removed == [lock] and not lock.exists()

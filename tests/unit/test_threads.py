@@ -3,7 +3,7 @@ rank (docs/multinode.md), and how the trainer chooses the count. (A whole run: t
 import pytest
 import torch
 
-from gpt.train.dist import threads_per_rank
+from gpt.runtime.ranks import threads_per_rank
 
 
 def layer_norm_gradients(threads):

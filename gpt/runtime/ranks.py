@@ -1,0 +1,118 @@
+"""Ranks and the process group: what the launcher set, joining the group (NCCL on GPUs, gloo on CPU, with the
+host fixes of gpt/runtime/host.py applied around it), a mean over ranks, a flag every rank holds, a lost rank told
+apart, a step timed on the device, a free port."""
+import atexit
+import contextlib
+import datetime
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from gpt.runtime.accelerator import enable_cpu_fp16, get_accelerator  # first: DeepSpeed, its logs on stderr
+from gpt.runtime.host import keep_freed_memory_in_heap, release_cpu_comm_buffer, remove_leftovers
+
+import deepspeed  # noqa: E402
+
+
+def rank():
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size():
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def barrier():
+    """Wait for every rank; a no-op without a process group."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def leave_process_group():
+    """Destroy the process group, after a run that ended normally: without it NCCL warns at the exit of every GPU
+    run that resources may leak. Not on the error paths: they exit at once, and a peer may be gone."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def threads_per_rank():
+    """A CPU rank's thread count: OMP_NUM_THREADS where it is set (by the user, or by DeepSpeed's
+    --bind_cores_to_rank), else this machine's cores shared among the ranks on it (one thread per core each
+    would oversubscribe). The count is part of the arithmetic: some CPU kernels sum per-thread partials
+    (LayerNorm's weight and bias gradients), so runs are bit-equal only with equal threads per rank
+    (docs/multinode.md)."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
+    return max(1, (os.cpu_count() or 1) // local_ranks)
+
+
+def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
+    """Join the process group (NCCL on GPUs, gloo on CPU) and return this rank's device. A plain
+    `python train_ds.py` becomes a one-rank group, so the same code path serves every launch. A collective
+    that waits longer than timeout_s for another rank (one that died) fails instead of hanging."""
+    if "RANK" not in os.environ:  # no launcher: a single local process
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    accelerator = get_accelerator()
+    if allow_cpu_fp16:
+        enable_cpu_fp16()
+    remove_leftovers(accelerator.device_name())
+    if accelerator.device_name() == "cpu":
+        if os.environ.get("DSGPT_MALLOC_CACHE", "1") != "0":  # 0: glibc's defaults (bench/train.py's baseline)
+            keep_freed_memory_in_heap()
+        torch.set_num_threads(threads_per_rank())
+        # once, however many runs this process makes (tests, bench)
+        atexit.unregister(release_cpu_comm_buffer)
+        atexit.register(release_cpu_comm_buffer)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
+        torch.backends.cudnn.allow_tf32 = True
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    accelerator.set_device(local_rank)  # before the group: NCCL's communicator is made on the current device
+    with contextlib.redirect_stdout(sys.stderr):  # on CPU DeepSpeed prints that it built its shared-memory op
+        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
+                                   timeout=datetime.timedelta(seconds=timeout_s))
+    return torch.device(accelerator.device_name(local_rank))
+
+
+def lost_a_rank(error):
+    """Whether a collective failed because another rank is gone or stuck: torch's distributed errors
+    (NCCL, the store, timeouts), and gloo's RuntimeErrors when a peer's connection closed."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and (
+        "gloo" in text and ("Connection" in text or "Timed out" in text or "timed out" in text)))
+
+
+def timed_on_device(work):
+    """(work(), the seconds it took on the device): a GPU runs kernels asynchronously, so the clock is read
+    only after the device has finished (the trainer's one host sync, the loss .item(), comes before its last
+    backward and optimizer step); the work queued before it is finished first. No-ops on CPU."""
+    get_accelerator().synchronize()
+    start = time.perf_counter()
+    result = work()
+    get_accelerator().synchronize()
+    return result, time.perf_counter() - start
+
+
+def mean_over_ranks(tensor):
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def on_every_rank(flag, device):
+    """Whether flag holds on every rank."""
+    return mean_over_ranks(torch.tensor(float(flag), device=device)).item() == 1.0
