@@ -46,9 +46,9 @@ def answer_cpuinfo_fast():
 
 
 def remove_leftovers(device_type):
-    """Before DeepSpeed loads its ops and joins the group (gpt.runtime.ranks.setup_distributed): torch's JIT build locks left by
-    killed builds (every rank, before its own load), and on CPU the /dev/shm buffers of killed runs (once per
-    machine)."""
+    """Before DeepSpeed loads its ops and joins the group (gpt.runtime.ranks.setup_distributed): torch's JIT build
+    locks left by killed builds (every rank, before its own load), and on CPU the /dev/shm buffers of killed runs
+    (once per machine)."""
     handle_stale_jit_locks()
     if device_type == "cpu" and os.environ.get("LOCAL_RANK", "0") == "0":
         removed = remove_stale_shm_buffers()

@@ -222,7 +222,7 @@ def model_source(args):
     """(the model's GPTConfig, a function returning the model in eval mode) from --checkpoint or --hf: the
     shape is read without the weights, so that the input can be checked against it first."""
     if args.checkpoint:
-        from gpt.train.checkpoint import find_checkpoint, read_run_config
+        from gpt.train.resume import find_checkpoint, read_run_config
         from gpt.train.universal import read_weights
 
         path = find_checkpoint(args.checkpoint, None)  # once: a damaged newer one is warned about once

@@ -10,7 +10,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpt.train import checkpoint, run_lock, universal
+from gpt.train import checkpoint, resume, run_lock, universal
+from gpt.train.out_dir import check_fresh_out_dir, check_space, check_writable
 from gpt.data import hellaswag
 from gpt.config import ds_config as dsc
 from gpt.console import BadInput, say0
@@ -32,7 +33,8 @@ class Setup:
     run_config: dict  # what this run's checkpoints record about it
     resume_from: Path | None
     hellaswag_examples: list
-    resume_kind: str | None = None  # how resume_from loads: checkpoint.resume_kind
+    resume_kind: str | None = None  # how resume_from loads: resume.resume_kind
+    saved_run_config: dict | None = None  # resume_from's run_config.json, as find_resume read and checked it
     auto_plan: dict | None = None  # --micro_batch auto's plan, which the trainer's probe checks on a GPU
     device: object = None  # the torch.device, once the process group exists (gpt.train.start.setup)
     lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/train/run_lock.py)
@@ -47,15 +49,11 @@ class Setup:
 def preflight(settings, world_size, device_type):
     """Check everything that can be checked before launch, and decide what the settings left open; says the
     choices a user may not expect (rank 0). Raises BadInput. Writes nothing."""
-    checkpoint.check_writable(settings.run.out_dir, settings.data.dir)
+    check_writable(settings.run.out_dir, settings.data.dir)
     run_lock.check_unlocked(settings.run.out_dir)
     if not settings.checkpoint.resume:
-        checkpoint.check_fresh_out_dir(settings.run.out_dir)  # again under the lock (gpt.train.start); this writes nothing
-    resume = settings.checkpoint.resume
-    resume_from = checkpoint.find_checkpoint(resume, settings.run.out_dir) if resume else None
-    saved = checkpoint.read_run_config(resume_from) if resume_from else None
-    if saved:
-        checkpoint.check_init_from(resume_from, saved, settings.checkpoint.init_from)
+        check_fresh_out_dir(settings.run.out_dir)  # again under the lock (gpt.train.start); this writes nothing
+    resume_from, saved = resume.find_resume(settings)
     decided, notes = resolve_defaults(settings, device_type, saved, world_size)
     for note in notes:
         say0(note)
@@ -68,22 +66,18 @@ def preflight(settings, world_size, device_type):
     run_config = run_config_of(settings, ds_config, model_config, world_size, auto)
     kind = None
     if resume_from is not None:
-        checkpoint.check_compatible(resume_from, saved, run_config)
-        kind = checkpoint.resume_kind(saved, run_config)
+        kind = resume.plan_resume(resume_from, saved, run_config, settings)
         if kind == "universal":
             converted = (resume_from / universal.UNIVERSAL).is_dir()  # by an earlier resume: reused
             problem = None if converted else universal.convert_problem(resume_from)
             if problem:
                 raise BadInput(problem)
             ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
-        checkpoint.check_same_data(resume_from, saved, run_config, settings.data.dir, settings.data.reset_data_position)
-        checkpoint.check_resume_target(resume_from, settings.run.out_dir)
-        checkpoint.check_steps_left(resume_from, settings.optimizer.max_steps)
-    checkpoint.check_space(settings.run.out_dir, resume_from)
+    check_space(settings.run.out_dir, resume_from)
     examples = hellaswag.load(settings.evaluation.hellaswag) if settings.evaluation.hellaswag else []
     return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
-                 run_config=run_config, resume_from=resume_from, resume_kind=kind, hellaswag_examples=examples,
-                 auto_plan=auto_plan)
+                 run_config=run_config, resume_from=resume_from, resume_kind=kind, saved_run_config=saved,
+                 hellaswag_examples=examples, auto_plan=auto_plan)
 
 
 def check_settings(settings, world_size, device_type, decided=None):
@@ -203,7 +197,7 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
             notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.optimizer.max_steps} is below the "
                          f"default warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
     if (micro_batch == "auto" and saved and saved["world_size"] == world_size
-            and checkpoint.format_of(saved) < checkpoint.FORMAT):
+            and resume.format_of(saved) < checkpoint.FORMAT):
         micro_batch = saved["args"]["micro_batch"]
         notes.append(f"--micro_batch auto: {micro_batch}, as the checkpoint was saved with (it is older than "
                      f"data positions that any micro-batch continues)")

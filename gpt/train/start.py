@@ -18,7 +18,8 @@ from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
 from gpt.memory.probe import dividing_sizes, probe_micro_batch
 from gpt.model.model import GPT, param_count
 from gpt.model.wrap import loss_label
-from gpt.train import checkpoint, run_lock, universal
+from gpt.train import resume, run_lock, universal
+from gpt.train.out_dir import check_fresh_out_dir
 from gpt.train.engine import OptimizerSettings, initialize
 from gpt.train.hf import load_hf_weights
 
@@ -86,9 +87,9 @@ def lock_out_dir(settings, resume_from):
         return None, e
     try:
         if not settings.checkpoint.resume:
-            checkpoint.check_fresh_out_dir(settings.run.out_dir)
+            check_fresh_out_dir(settings.run.out_dir)
         elif resume_from is not None:
-            checkpoint.check_resume_target(resume_from, settings.run.out_dir)
+            resume.check_resume_target(resume_from, settings.run.out_dir)
     except BadInput as e:
         lock.close()
         return None, e
@@ -146,7 +147,7 @@ def kept_micro_batch(setup):
     divides the token budget within the plan, else None. No probe then, and the resumed run takes the steps the
     interrupted one would have taken: a probe or the plan may choose otherwise today (free memory, a first step's
     fallback, free RAM on CPU). Every rank must agree (one collective); the first step's fallback still applies."""
-    saved = checkpoint.read_run_config(setup.resume_from) if setup.resume_from else {}
+    saved = setup.saved_run_config or {}
     size, data, record = saved.get("args", {}).get("micro_batch"), setup.settings.data, setup.run_config.get(AUTO)
     fits = dividing_sizes(data.total_batch_tokens, data.seq_len, ranks.world_size(), setup.auto_plan["micro_batch"])
     if not ranks.on_every_rank(record is not None and saved.get(AUTO) == record and size in fits, setup.device):

@@ -71,7 +71,7 @@ def fit_at_a_size_that_fits(prepared, stop):
     while True:
         trainer = Trainer.build_or_exit(prepared)
         try:
-            return trainer.fit(trainer.resume(prepared.resume_from, prepared.resume_kind), stop,
+            return trainer.fit(trainer.resume(prepared.resume_from, prepared.resume_kind, prepared.saved_run_config), stop,
                                auto=prepared.auto_plan is not None)
         except FirstStepOutOfMemory:
             trainer.close()
@@ -151,17 +151,17 @@ class Trainer:
 
     # -- the run: resume, fit ------------------------------------------------------------------------------------
 
-    def resume(self, path, kind):
-        """Load a checkpoint the way checkpoint.resume_kind chose; returns the step to continue from. 'exact' (the
-        same world size and ZeRO stage): everything, bit-exact on CPU. 'universal', 'whole': another world size or
-        stage: all but the RNG. 'weights': the weights only (a checkpoint too old to convert)."""
+    def resume(self, path, kind, saved):
+        """Load a checkpoint as resume_kind chose (gpt/train/resume.py); returns the step to continue from. 'exact'
+        (the same world size and ZeRO stage): everything, bit-exact on CPU. 'universal', 'whole': another world size
+        or stage: all but the RNG. 'weights': the weights only (a checkpoint too old to convert). saved: its
+        run_config.json, as preflight read it."""
         settings, engine = self.settings, self.engine
         if path is None:
             if settings.checkpoint.resume:
                 say0(f"--resume {settings.checkpoint.resume}: no checkpoint in "
                      f"{checkpoint.checkpoint_dir(settings.run.out_dir)}; fresh start")
             return 0
-        saved = checkpoint.read_run_config(path)
         if kind == "universal":
             state, rng_problem = universal.load(engine, path), None
         else:

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from gpt.train.checkpoint import (MODEL_STATES, RUN_CONFIG, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, brief,
-                            find_checkpoint, is_universal, model_states, read_fp32_weights, read_run_config,
-                            unreadable_file)
+                                  is_universal, model_states, read_fp32_weights, unreadable_file)
+from gpt.train.resume import find_checkpoint, read_run_config
 from gpt.console import BadInput, free_bytes, megabytes, warn, write_problem
 from gpt.model.model import GPTConfig, state_dict_mismatch
 

@@ -568,11 +568,11 @@ def test_two_ranks_say_it_once_and_exit_2(two_rank_runs, case):
 
 def test_init_from_with_a_resume_of_a_run_that_started_there_is_a_relaunch(tmp_path):
     """The same command relaunched (--init_from X --resume auto) continues its own run: not refused."""
-    from gpt.train import checkpoint
+    from gpt.train import resume
     hf = hf_dir(tmp_path)
-    checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": hf}}, hf)
+    resume.check_init_from(tmp_path / "ck", {"args": {"init_from": hf}}, hf)
     with pytest.raises(BadInput):
-        checkpoint.check_init_from(tmp_path / "ck", {"args": {"init_from": None}}, hf)
+        resume.check_init_from(tmp_path / "ck", {"args": {"init_from": None}}, hf)
 
 
 def test_validation_off_needs_no_val_sequence(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import HALF, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
-from gpt.train import checkpoint, universal
+from gpt.train import checkpoint, resume, universal
 from gpt.console import BadInput
 
 # Resumed at step 5: Adam's 6th step, the first whose beta2^t (0.95) as a running float product, which DeepSpeed's
@@ -180,9 +180,9 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, s
     # and `latest` was never moved to it (here it is, to show a bad pointer is not trusted either).
     (ckpt / "step_00000003" / "complete.json").unlink()
     (ckpt / "latest").write_text("step_00000003")
-    assert checkpoint.find_checkpoint("auto", tmp_path) == ckpt / "step_00000001"
+    assert resume.find_checkpoint("auto", tmp_path) == ckpt / "step_00000001"
     with pytest.raises(BadInput, match="incomplete checkpoint"):
-        checkpoint.find_checkpoint(str(ckpt / "step_00000003"), tmp_path)
+        resume.find_checkpoint(str(ckpt / "step_00000003"), tmp_path)
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512",
                           "--save_every", "2", "--resume", "auto")
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
@@ -200,17 +200,17 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
     assert checkpoint.complete_tags(ckpt) == ["step_00000001", "step_00000003", "step_00000005"]
     (optim,) = (ckpt / "step_00000005").glob("*optim_states.pt")
     optim.unlink()
-    assert checkpoint.find_checkpoint("auto", tmp_path) == ckpt / "step_00000003"
+    assert resume.find_checkpoint("auto", tmp_path) == ckpt / "step_00000003"
     assert capsys.readouterr().err == (f"warning: {ckpt / 'step_00000005'}: damaged checkpoint ({optim.name} is "
                                        f"missing); falling back to the one before it\n")
     assert universal.read_weights(ckpt)[0].keys() == universal.read_weights(ckpt / "step_00000001")[0].keys()
     assert "step_00000005: damaged" in capsys.readouterr().err  # gpt-export and gpt-sample read through here
     with pytest.raises(BadInput, match=f"step_00000005: damaged checkpoint \\({optim.name} is "
                                                          f"missing\\); give its parent directory"):
-        checkpoint.find_checkpoint(str(ckpt / "step_00000005"), tmp_path)
+        resume.find_checkpoint(str(ckpt / "step_00000005"), tmp_path)
     with pytest.raises(BadInput, match="holds later checkpoints \\(up to step_00000003\\) that "
                                                          "this run would overwrite: resume it into another --out_dir"):
-        checkpoint.check_resume_target(ckpt / "step_00000001", tmp_path)
+        resume.check_resume_target(ckpt / "step_00000001", tmp_path)
     model = ckpt / "step_00000001" / "mp_rank_00_model_states.pt"
     written = model.stat().st_size
     os.truncate(model, written // 2)
@@ -302,7 +302,7 @@ def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, s
     _, still_running = psutil.wait_procs(descendants, timeout=10)  # launch.py and the ranks: none orphaned
     assert exited_after < 60 and not still_running
     assert output.count("stopped by its launcher exiting") == 1, output[-3000:]  # printed by rank 0
-    stopped_at = int(checkpoint.find_checkpoint("auto", tmp_path).name.split("_")[1])
+    stopped_at = int(resume.find_checkpoint("auto", tmp_path).name.split("_")[1])
     assert 3 <= stopped_at < 20 and f"step {stopped_at:5d} | saved" in output
 
 

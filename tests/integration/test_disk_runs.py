@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from conftest import TINY, train
-from gpt.train import checkpoint
+from gpt.train import checkpoint, resume
 from gpt.console import free_bytes, megabytes
 
 
@@ -60,7 +60,7 @@ def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refus
         f"error: stopping: {ckpt / 'step_00000003'}: no space left on the device; that checkpoint is incomplete and "
         f"will not be loaded. Last good checkpoint: {ckpt / 'step_00000001'}"]
     assert (ckpt / "latest").read_text() == "step_00000001" and (ckpt / "step_00000003").is_dir()
-    assert checkpoint.find_checkpoint("auto", out) == ckpt / "step_00000001"
+    assert resume.find_checkpoint("auto", out) == ckpt / "step_00000001"
 
     needed = sum(checkpoint.file_sizes(ckpt / "step_00000001").values())
     free = free_bytes(ckpt)

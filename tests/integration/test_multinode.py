@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
-from gpt.train import checkpoint
+from gpt.train import resume
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
 
@@ -127,13 +127,13 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_each_relaunch_continues_
     assert seconds < 60, f"the survivor took {seconds:.0f} s to exit"  # gloo sees the peer's socket close
     assert "error: [rank 0] lost contact with another rank" in out0 and "Traceback" not in out0, out0[-3000:]
     ckpt = tmp_path / "out" / "checkpoints"
-    newest = checkpoint.find_checkpoint("auto", tmp_path / "out")
+    newest = resume.find_checkpoint("auto", tmp_path / "out")
     newest_step = int(newest.name.split("_")[1])
     # a checkpoint that was being written when the node died: files there, no completion marker
     half_written = ckpt / f"step_{newest_step + 4:08d}"
     shutil.copytree(newest, half_written, ignore=shutil.ignore_patterns("complete.json", "rng_rank00001.pt"))
     (ckpt / "latest").write_text(half_written.name)
-    assert checkpoint.find_checkpoint("auto", tmp_path / "out") == newest
+    assert resume.find_checkpoint("auto", tmp_path / "out") == newest
 
     nodes = start_nodes(tmp_path, shakespeare_dir, network)
     before = read_until(nodes[0], f"step {newest_step + 2:5d}/")
@@ -143,7 +143,7 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_each_relaunch_continues_
     assert f"resumed from {newest}" in before and "2 rank(s) x micro_batch 4" in before
     assert f"--master_addr={network[0][1]}" in before  # over the veth pair where namespaces could be made
     assert "stopped by its launcher exiting" in out0 and seconds < 60
-    stopped = checkpoint.find_checkpoint("auto", tmp_path / "out")
+    stopped = resume.find_checkpoint("auto", tmp_path / "out")
     assert {p.name for p in stopped.iterdir()} >= {"rng_rank00000.pt", "rng_rank00001.pt",  # every rank of both nodes
                                                    "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                                                    "zero_pp_rank_1_mp_rank_00_optim_states.pt", "complete.json"}

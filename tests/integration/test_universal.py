@@ -15,7 +15,7 @@ import torch
 
 from conftest import (HALF, TINY, join_single_rank_group, out_dir_of, succeeded, train, two_rank_run,
                       write_ds_config)
-from gpt.train import checkpoint, engine as ds_engine, universal
+from gpt.train import checkpoint, engine as ds_engine, resume, universal
 from gpt.commands.eval import main as evaluate_main
 from gpt.commands.export import main as export_main
 from gpt.commands.sample import main as sample_main
@@ -73,7 +73,7 @@ def gathered(rank_states, name, key):
 def one_rank_engine(step_dir, tmp_path, stage, precision, **ds_config):
     """A 1-rank engine for the checkpoint's model, built as the trainer builds one (gpt.train.engine.initialize), with load_universal set."""
     join_single_rank_group()
-    run = checkpoint.read_run_config(step_dir)
+    run = resume.read_run_config(step_dir)
     args = run["args"]
     config = json.loads(Path(write_ds_config(tmp_path / "load.json", stage=stage, precision=precision,
                                              **ds_config)).read_text())
@@ -149,7 +149,7 @@ def test_a_two_rank_zero_checkpoint_converts_once_and_loads_on_one_rank_exactly(
 
     engine, model = one_rank_engine(step_dir, tmp_path, stage, "fp32")
     client_state = universal.load(engine, step_dir)
-    assert client_state["step"] == 2 and client_state["run_config"] == checkpoint.read_run_config(step_dir)
+    assert client_state["step"] == 2 and client_state["run_config"] == resume.read_run_config(step_dir)
     assert client_state["loader"]["batch"] == 3  # the data position as saved: any world size continues it
     check_loaded_state(engine, model, step_dir)
     assert all(torch.equal(v, from_step[k]) for k, v in model.state_dict().items())  # fp32: the weights are the masters
@@ -342,6 +342,6 @@ def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(t
         f"{tmp_path}, and its mp_rank_00_model_states.pt records none (saved before checkpoints did): copy the "
         f"run_config.json of the checkpoint it was made from into {tmp_path}")
     with pytest.raises(BadInput) as error:
-        checkpoint.find_checkpoint(str(path), tmp_path / "run")
+        resume.find_checkpoint(str(path), tmp_path / "run")
     assert str(error.value) == (f"{path}: a universal checkpoint: --resume takes the checkpoint it was made from, "
                                 f"{step_dir}")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from common import REPO
-from gpt.train import checkpoint
+from gpt.train import resume
 from gpt.config import ds_config as dsc
 from gpt.memory import plan
 from gpt.commands import plan as plan_command
@@ -70,7 +70,7 @@ def test_the_bfloat16_alias_is_bf16_for_the_run_config_the_checkpoint_check_and_
     run_config = run_config_of(settings, ds_config, model_config, 1)
     assert run_config["precision"] == "bf16"
     bf16_run = run_config_of(settings, {**FP32, "bf16": {"enabled": True}}, model_config, 1)
-    checkpoint.check_compatible(tmp_path, bf16_run, run_config)  # a bf16 checkpoint resumes under the alias
+    resume.check_compatible(tmp_path, bf16_run, run_config)  # a bf16 checkpoint resumes under the alias
     plan_command.main(["--model", "tiny", "--seq_len", "64", "--ds_config", str(path), "--gpu", "h100-80gb", "--json"])
     assert json.loads(capsys.readouterr().out)["precision"] == "bf16"
 
