@@ -18,12 +18,37 @@ class BadInput(ValueError):
 
 
 def launched_rank():
-    """This process's rank as the launcher (deepspeed, torchrun) set it; 0 for a plain `python` run."""
-    return int(os.environ.get("RANK", 0))
+    """This process's rank as the launcher (deepspeed, torchrun) set it; 0 for a plain `python` run (and for a value
+    that is no rank: launch_problem says so)."""
+    return _whole_number(os.environ.get("RANK"), 0)
 
 
 def launched_world_size():
-    return int(os.environ.get("WORLD_SIZE", 1))
+    return _whole_number(os.environ.get("WORLD_SIZE"), 1)
+
+
+def _whole_number(text, default):
+    return int(text) if text is not None and text.isdigit() else default
+
+
+def launch_problem(environ=os.environ):
+    """Why RANK and WORLD_SIZE are not one launch's, or None. A launcher (deepspeed, torchrun, launch/slurm.sbatch)
+    sets both, a plain `python` run neither (it is one rank). One without the other was left in the shell: a stale
+    WORLD_SIZE alone planned the batch for that many ranks while one trained, without a word, and a RANK alone ended
+    in torch's traceback. WORLD_SIZE=1 alone is what a one-rank run is anyway."""
+    rank, world = environ.get("RANK"), environ.get("WORLD_SIZE")
+    if world is not None and not (world.isdigit() and int(world) >= 1):
+        return f"WORLD_SIZE={world!r} is not a number of ranks (a whole number, 1 or more)"
+    if rank is None and world not in (None, "1"):
+        return (f"WORLD_SIZE={world} is set but RANK is not, and a launcher sets both: left in this shell, it would "
+                f"plan the batch for {world} ranks while 1 trains. Unset WORLD_SIZE, or launch with deepspeed or "
+                f"torchrun")
+    if rank is not None and world is None:
+        return (f"RANK={rank} is set but WORLD_SIZE is not, and a launcher sets both: unset RANK for a one-process "
+                f"run, or launch with deepspeed or torchrun")
+    if rank is not None and not (rank.isdigit() and int(rank) < int(world)):
+        return f"RANK={rank!r} is not a rank of WORLD_SIZE={world} (0 to {int(world) - 1})"
+    return None
 
 
 def say(text, stream=None):

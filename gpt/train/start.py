@@ -13,7 +13,7 @@ import torch
 from gpt.runtime import accelerator, host, ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.config import ds_config as dsc, hardware
 from gpt.train.preflight import AUTO, gradient_accumulation, model_flags, preflight, run_config_of
-from gpt.console import BadInput, exit_with, launched_rank, launched_world_size, say, say0
+from gpt.console import BadInput, exit_if, exit_with, launch_problem, launched_rank, launched_world_size, say, say0
 from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
 from gpt.memory.probe import dividing_sizes, probe_micro_batch
 from gpt.model.model import GPT, param_count
@@ -36,6 +36,7 @@ def prepare(settings):
 def setup(settings):
     """Every check before launch (gpt/train/preflight.py), then rank 0 takes out_dir's lock (and converts a
     checkpoint to resume on another layout), and every rank joins the process group."""
+    exit_if([launch_problem()], 2)  # the world size every plan below is made for, as the group will have it
     world_size = launched_world_size()
     device_type = accelerator.device_type()
     if device_type == "cuda":

@@ -706,6 +706,21 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
         f"more ranks with ZeRO 1 or 2, or a device with more memory ({str(error)[:200]})\n")
 
 
+def test_a_world_size_left_in_the_shell_is_one_line_before_anything_is_planned(shakespeare_dir, tmp_path):
+    """A WORLD_SIZE exported by an earlier session, no launcher: the batch would be planned for 2 ranks and trained on
+    1, silently. One line naming the variable, exit 2, nothing written."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
+                           "--total_batch_tokens", "512", "--data", str(shakespeare_dir), "--out_dir", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**plain_shell_env(), "WORLD_SIZE": "2"})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == (
+        "error: WORLD_SIZE=2 is set but RANK is not, and a launcher sets both: left in this shell, it would plan the "
+        "batch for 2 ranks while 1 trains. Unset WORLD_SIZE, or launch with deepspeed or torchrun")
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 @pytest.mark.parametrize("command", [["train_ds.py", "--model", "tiny"], ["-m", "gpt.commands.plan", "--gpu", "h100-80gb"]])
 def test_an_accelerator_deepspeed_does_not_know_is_one_line_and_exit_2(command):
     """DS_ACCELERATOR is read while DeepSpeed is imported, before any flag: an unknown value is one line naming
