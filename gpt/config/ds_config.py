@@ -190,7 +190,9 @@ def grad_accum_dtype(ds_config):
 
 
 def zero_stage(ds_config):
-    return ds_config.get("zero_optimization", {}).get("stage", 0)
+    """The ZeRO stage as an int: JSON's 2.0 is the stage 2 the checks accept (and DeepSpeed trains), and
+    run_config.json records it in the form its reader accepts on a resume."""
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
 
 
 def uses_activation_checkpointing(ds_config):

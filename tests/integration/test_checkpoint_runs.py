@@ -158,6 +158,18 @@ def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_with
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0]
 
 
+def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path, shakespeare_dir):
+    """What the JSON checks accept, a resume accepts: "stage": 2.0 (as a generated JSON may write it) is stage 2 in
+    run_config.json, and --resume auto continues the run (it refused its own checkpoint before)."""
+    config = write_ds_config(tmp_path / "stage_2.0.json", base="zero2_fp32.json", stage=2.0)
+    flags = [*TINY, "--ds_config", config, "--total_batch_tokens", "512", "--save_every", "1"]
+    train(tmp_path / "run", shakespeare_dir, *flags, "--max_steps", "2")
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "step_00000001" / "run_config.json").read_text())
+    assert type(saved["zero_stage"]) is int and saved["zero_stage"] == 2
+    records, proc = train(tmp_path / "run", shakespeare_dir, *flags, "--max_steps", "3", "--resume", "auto")
+    assert "at step 2" in proc.stdout and [r["step"] for r in records if "loss" in r] == [0, 1, 2]
+
+
 def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, shakespeare_dir):
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
                           "--resume", "auto")
