@@ -91,3 +91,13 @@ def test_the_trainer_reads_at_most_twelve_project_modules():
     imported = {module for module in gpt_imports("train.trainer")
                 if module not in PACKAGES}  # `from gpt.runtime import ranks`: the module, not its package
     assert len(imported) <= 12, sorted(imported)
+
+
+def test_setup_cfg_installs_every_subpackage():
+    """setup.cfg lists the packages a (non-editable) install copies: a subpackage missing there imports from a clone
+    and fails to import once installed."""
+    import configparser
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    listed = {name.strip() for name in parser["options"]["packages"].split(",")}
+    assert listed == {"gpt", *(f"gpt.{package}" for package in PACKAGES)}
