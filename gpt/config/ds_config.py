@@ -115,12 +115,26 @@ def _depth(value):
     return deepest
 
 
+# The shipped configs, beside the gpt package in a clone (an editable install): the defaults name them as
+# ds_configs/NAME.json, which a command started outside the repository finds here
+SHIPPED = Path(__file__).resolve().parents[2] / "ds_configs"
+
+
+def shipped_or_given(path):
+    """path, or, for a ds_configs/NAME.json that is not there from the current directory, the shipped one."""
+    path = Path(path)
+    if path.exists() or path.is_symlink() or path.is_absolute() or path.parts[:1] != ("ds_configs",):
+        return path
+    shipped = SHIPPED.joinpath(*path.parts[1:])
+    return shipped if shipped.is_file() else path
+
+
 def load(path):
     """The DeepSpeed JSON as a dict, or a one-line reason why not (repeated keys included: DeepSpeed would
-    take the last one without a word)."""
+    take the last one without a word). ds_configs/NAME.json is found from any directory (shipped_or_given)."""
     if not str(path).strip():
         raise BadInput("--ds_config is empty: name a DeepSpeed JSON file")
-    path = Path(path)
+    path = shipped_or_given(path)
     if path.is_dir():
         raise BadInput(f"{path}: a directory, not a DeepSpeed JSON file")
     if not path.exists() and not path.is_symlink():

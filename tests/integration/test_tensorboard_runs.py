@@ -6,16 +6,16 @@ are one run. (The tags themselves: tests/unit/test_tensorboard.py.)"""
 import ast
 import html
 import json
+import os
 import re
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from conftest import TINY, train
+from conftest import REPO, TINY, train
 from gpt.runtime.ranks import free_port
 from gpt.train.metrics import MAIN_HPARAMS, layout, sectioned_tag
 
@@ -67,8 +67,10 @@ def test_tensorboard_shows_the_runs_scalars_samples_settings_and_layout(tmp_path
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(out), "--host", "127.0.0.1",
-                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # as a user starts it, from the directory the run is in, with the path as they would type it there
+    server = subprocess.Popen(["bash", str(REPO / "launch" / "tensorboard.sh"), out.name], cwd=tmp_path,
+                              env={**os.environ, "PORT": str(port)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
     run = "tensorboard/tiny_run"  # not ".": the name says which run it is
     try:
         scalars = wait_for(base, "/data/plugin/scalars/scalars", dict(run=run, tag="loss/train"),
