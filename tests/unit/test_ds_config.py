@@ -95,3 +95,31 @@ def test_problems_in_several_deepspeed_sections_are_all_named():
     assert dsc.problems(config, "P") == [
         "P: zero_optimization.reduce_bucket_size: Input should be greater than 0 (got 0)",
         "P: unknown key 'tensorboard.output_pth' (did you mean 'output_path'?)"]
+
+
+def test_a_shipped_config_is_found_from_any_directory_and_a_missing_one_is_still_one_line(tmp_path, monkeypatch):
+    """The trainer's and gpt-plan's default, ds_configs/zero1_bf16.json, started outside the repository: the shipped
+    file (a clone, an editable install). A name that is shipped nowhere is still not found, named as given."""
+    monkeypatch.chdir(tmp_path)
+    assert dsc.load("ds_configs/zero1_bf16.json") == json.loads((REPO / "ds_configs" / "zero1_bf16.json").read_text())
+    with pytest.raises(BadInput, match=r"^ds_configs/nope\.json: DeepSpeed config not found$"):
+        dsc.load("ds_configs/nope.json")
+
+
+@pytest.mark.parametrize("name, change", [(path.name, {}) for path in sorted((REPO / "ds_configs").glob("*.json"))] + [
+    ("zero2_fp32.json", {"zero_optimization": {**FP32["zero_optimization"], "stage": 2.0}})])
+def test_what_the_checks_accept_round_trips_through_run_config_json(tmp_path, shakespeare_dir, name, change):
+    """Every shipped JSON, and forms the checks accept ("stage": 2.0): the run_config a checkpoint records, read back
+    as a resume reads it, is what it was and resumes as itself (the stage-2.0 run through train, save and resume:
+    tests/integration/test_checkpoint_runs.py)."""
+    path = write(tmp_path, json.dumps({**json.loads((REPO / "ds_configs" / name).read_text()), **change}))
+    settings = parse(["--ds_config", str(path), "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
+                      "--total_batch_tokens", "1024", "--warmup_steps", "2", "--data", str(shakespeare_dir),
+                      *(["--cpu_fp16"] if "fp16" in name else [])])  # fp16 on the CPU accelerator: for tests
+    ds_config, model_config, _ = validate(settings, 1)
+    run_config = run_config_of(settings, ds_config, model_config, 1)
+    written = tmp_path / "run_config.json"
+    written.write_text(json.dumps(run_config, indent=1))
+    read = resume.read_run_config(tmp_path)
+    assert read == run_config and resume.resume_kind(read, run_config) == "exact"
+    resume.check_compatible(tmp_path, read, run_config)
