@@ -14,6 +14,8 @@ from gpt.data.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
 
 MAX_SHARD_TOKENS = 2**31 - 1  # the llm.c header's token count is an int32
 SHARD_HEADER_LIMIT = "llm.c's shard header holds the token count as an int32"
+# Below this a shard is a file for every few tokens: --shard_tokens 1 wrote Shakespeare as 9,555 one-token files
+MIN_SHARD_TOKENS = 1000
 
 
 def max_workers():
@@ -27,6 +29,9 @@ def check_args(args, name):
     problems = range_problems(args, [("shard_tokens", 1, True, MAX_SHARD_TOKENS, SHARD_HEADER_LIMIT),
                                      ("val_tokens", 1, True, MAX_SHARD_TOKENS, SHARD_HEADER_LIMIT),
                                      ("workers", 1, True, max_workers(), f"4 per CPU of this machine's {max_workers() // 4}")])
+    if isinstance(args.shard_tokens, int) and 1 <= args.shard_tokens < MIN_SHARD_TOKENS:
+        problems.append(f"--shard_tokens {args.shard_tokens} must be at least {MIN_SHARD_TOKENS:,}: smaller shards are "
+                        f"a file for every few tokens (the default is 100,000,000)")
     if Path(name).name != name or name.startswith("."):
         problems.append(f"--name {name!r} must be a plain file-name prefix")
     return problems

@@ -56,6 +56,16 @@ MAX_INITIAL_SCALE_POWER = 32
 MAX_STATIC_LOSS_SCALE = 2**24
 # DeepSpeed's monitors and the Python package each imports when enabled (csv_monitor: none).
 MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "comet": "comet_ml", "csv_monitor": None}
+# Sections DeepSpeed accepts that take effect only through what this trainer does not do: refused, never ignored
+NOT_HONOURED = {
+    "autotuning": "DeepSpeed's autotuner runs only under `deepspeed --autotuning`; --micro_batch auto sizes the batch "
+                  "here",
+    "compile": "DeepSpeed compiles only in engine.compile(), which this trainer does not call; --compile compiles "
+               "its model (torch.compile, block by block)",
+    "data_efficiency": "the trainer's own loader (gpt/data/shards.py) feeds every step, not DeepSpeed's data sampling "
+                       "and routing",
+    "aio": "it configures NVMe offload, which this trainer does not run",
+}
 OPTIMIZERS = ("AdamW", "Adam")  # what this trainer's schedule and parameter groups are made for
 OPTIMIZER_KEYS = ("type", "params", "legacy_fusion")
 # The parameters DeepSpeed 0.19 passes on to its FusedAdam or (torch_adam) torch's Adam/AdamW, and their checks.
@@ -438,6 +448,8 @@ def trainer_problems(ds_config, path):
     if offloaded:
         found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
                      f"CPU optimizer is untested here)")
+    found += [f"{path}: '{key}' is not honoured by this trainer ({why}): remove it" for key, why in NOT_HONOURED.items()
+              if key in ds_config and (ds_config[key] or {}).get("enabled") is not False]
     if (ds_config.get("torch_autocast") or {}).get("enabled", False):
         found.append(f"{path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead")
     found += optimizer_problems(ds_config.get("optimizer", {}), path)

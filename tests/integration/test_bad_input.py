@@ -518,6 +518,15 @@ TRAIN_CASES = [
     pytest.param(lambda t: ["--ds_config", ds_json(t, wandb={"enabled": True})],
                  "error: {path}: wandb.enabled needs the wandb package, which is not installed (pip install wandb, or "
                  "disable it)", marks=pytest.mark.skipif(bool(find_spec("wandb")), reason="wandb is installed")),
+    (lambda t: ["--ds_config", ds_json(t, autotuning={"enabled": True})],
+     "error: {path}: 'autotuning' is not honoured by this trainer (DeepSpeed's autotuner runs only under `deepspeed "
+     "--autotuning`; --micro_batch auto sizes the batch here): remove it"),
+    (lambda t: ["--ds_config", ds_json(t, compile={"deepcompile": True})],
+     "error: {path}: 'compile' is not honoured by this trainer (DeepSpeed compiles only in engine.compile(), which "
+     "this trainer does not call; --compile compiles its model (torch.compile, block by block)): remove it"),
+    (lambda t: ["--ds_config", ds_json(t, data_efficiency={"enabled": True})],
+     "error: {path}: 'data_efficiency' is not honoured by this trainer (the trainer's own loader (gpt/data/shards.py) "
+     "feeds every step, not DeepSpeed's data sampling and routing): remove it"),
     (lambda t: ["--ds_config", ds_json(t, checkpoint={"load_universal": True})],
      "error: {path}: checkpoint.load_universal is the trainer's to set: --resume converts a checkpoint to "
      "DeepSpeed's universal form and loads it that way when the world size or ZeRO stage changed; remove it"),

@@ -190,6 +190,9 @@ CASES = [
      "--out_dir, or delete the shards beside it and this file"),
     # gpt-prepare: flags and the output directory
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 0", "error: --shard_tokens 0 must be a finite number >= 1"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 1",
+     "error: --shard_tokens 1 must be at least 1,000: smaller shards are a file for every few tokens (the default is "
+     "100,000,000)"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --shard_tokens 99999999999",
      "error: --shard_tokens 99999999999 must be at most 2147483647 (llm.c's shard header holds the token count as an int32)"),
     ("gpt-prepare", "files {in}/good.txt --out_dir {out} --val_tokens -1", "error: --val_tokens -1 must be a finite number >= 1"),
