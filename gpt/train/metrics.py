@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from gpt.console import say
+from gpt.console import atomic_write, say, warn
 from gpt.runtime.memory import peak_memory
 
 TENSORBOARD_DIR = "tensorboard"
@@ -159,6 +159,36 @@ class MetricsLogger:
         if console:
             say(console)
 
+    def continue_from(self, step):
+        """Before this launch's first step: metrics.jsonl keeps one record per step, one JSON object a line. A killed
+        run logged the steps after its last checkpoint, which a resume takes again: their records are dropped, and
+        a last line the kill cut off (appended to, two records would make one line that does not parse). Said in
+        one line when anything is dropped."""
+        if not self.enabled:
+            return
+        path = Path(self.jsonl.name)
+        self.jsonl.close()
+        lines = path.read_text(errors="replace").split("\n")
+        kept, redone, unreadable = [], 0, []
+        for number, line in enumerate(lines, 1):
+            if not line:
+                continue
+            record = _record(line)
+            if record is None:
+                unreadable.append(number)
+            elif record["step"] >= step:
+                redone += 1
+            else:
+                kept.append(line)
+        if redone or unreadable:
+            with atomic_write(path) as tmp:
+                tmp.write_text("".join(line + "\n" for line in kept))
+            warn(f"{path}: " + "; ".join(
+                ([f"{redone} record(s) of steps {step} on dropped: this launch trains them again"] if redone else [])
+                + ([f"line(s) {', '.join(map(str, unreadable))} dropped: not a whole record (cut by a kill)"]
+                   if unreadable else [])))
+        self.jsonl = open(path, "a", buffering=1)
+
     def text(self, tag, text, step):
         """A TensorBoard text summary, verbatim: TensorBoard renders Markdown, so it goes in as a code block."""
         if self.enabled:
@@ -171,6 +201,15 @@ class MetricsLogger:
                 self.writer.file_writer.add_summary(self.session_end)
             self.writer.close()
             self.jsonl.close()
+
+
+def _record(line):
+    """A metrics.jsonl line as its record, or None where it is not one (a line cut short)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and type(record.get("step")) is int else None
 
 
 # How far a run is and when it ends: the console step line's `step N/M` and ETA. The ETA is a training step's pace,

@@ -203,6 +203,7 @@ class Trainer:
         """Train from start_step to --max_steps. auto (--micro_batch auto): the first step may raise
         FirstStepOutOfMemory."""
         settings = self.settings
+        self.logger.continue_from(start_step)  # a killed run's records of the steps taken again, dropped
         stop.started()  # from here a stop finishes the step and saves
         profiler = step_profiler(settings.run.profile, settings.run.out_dir, self.device.type, self.engine.global_rank)
         for step in range(start_step, settings.optimizer.max_steps):

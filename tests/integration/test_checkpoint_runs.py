@@ -1,6 +1,7 @@
 """Checkpoints through real runs: exact resume, SIGTERM, pruning, interrupted saves, world-size change,
 incompatible resumes, the fp16 minimum-scale diagnostic."""
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -168,6 +169,24 @@ def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path,
     assert type(saved["zero_stage"]) is int and saved["zero_stage"] == 2
     records, proc = train(tmp_path / "run", shakespeare_dir, *flags, "--max_steps", "3", "--resume", "auto")
     assert "at step 2" in proc.stdout and [r["step"] for r in records if "loss" in r] == [0, 1, 2]
+
+
+def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_line(tmp_path, shakespeare_dir):
+    """A run killed after its last checkpoint had logged the steps after it, the last line cut mid-write: the resume
+    keeps one record per step and a file whose every line parses (it appended a second record of each step before,
+    the first glued onto the cut line), and says what it dropped."""
+    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
+    train(tmp_path, shakespeare_dir, *flags, "--max_steps", "5")
+    ckpt = tmp_path / "checkpoints"
+    for tag in ("step_00000004", "latest"):  # as if killed after step 4's record, before its save
+        shutil.rmtree(ckpt / tag) if (ckpt / tag).is_dir() else (ckpt / tag).unlink()
+    with open(tmp_path / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"step": 5, "loss": 6.1')  # the kill's cut line
+    records, proc = train(tmp_path, shakespeare_dir, *flags, "--max_steps", "6", "--resume", "auto")
+    assert "at step 4" in proc.stdout
+    assert [r["step"] for r in records if "loss" in r] == [0, 1, 2, 3, 4, 5]
+    assert (f"warning: {tmp_path / 'metrics.jsonl'}: 1 record(s) of steps 4 on dropped: this launch trains them "
+            f"again; line(s) 6 dropped: not a whole record (cut by a kill)") in proc.stderr
 
 
 def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, shakespeare_dir):
