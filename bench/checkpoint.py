@@ -5,7 +5,9 @@ DeepSpeed's universal form (its time, its size, its load), measured in one run.
 
 Raw write: the same number of bytes as the checkpoint, written from memory with one fsync. Save: our
 checkpoint.save (DeepSpeed's save_checkpoint on every rank + markers), then an fsync of its files, so
-both figures end on disk. Load: checkpoint.load into the engine (files in the page cache).
+both figures end on disk. Load: checkpoint.load into the engine (files in the page cache). Checksum: the CRC-32 of
+every file, as save() records it in complete.json and a resume checks it (files in the page cache): its share of the
+save is checksum_vs_save (the save's time includes it once).
 
 Convert: gpt.train.universal.universal_dir on the step just saved (DeepSpeed's ds_to_universal in this process, one
 worker), then an fsync of step/universal, so it ends on disk as the save does; step/universal is removed before
@@ -91,12 +93,13 @@ def main():
                                             optimizer=optimizer)
 
     # Alternate the measurements and take medians: this disk's speed drifts between runs.
-    saves, loads, raws, converts, universal_loads = [], [], [], [], []
+    saves, loads, raws, converts, universal_loads, checksums = [], [], [], [], [], []
     for repeat in range(REPEATS):
         seconds, path = timed(lambda: fsync_tree(checkpoint.save(engine, out, repeat, {"step": repeat},
                                                                  {"world_size": 1}, keep_last=1, keep_every=0)))
         saves.append(seconds)
         nbytes = tree_bytes(path)
+        checksums.append(timed(lambda: checkpoint.checksums(path, list(checkpoint.file_sizes(path))))[0])
         loads.append(timed(lambda: checkpoint.load(engine, path))[0])
         raws.append(raw_write_seconds(out / "raw.bin", nbytes))
         shutil.rmtree(path / universal.UNIVERSAL, ignore_errors=True)  # a new step has none; convert anew regardless
@@ -104,19 +107,20 @@ def main():
         converts.append(seconds)
         universal_bytes = tree_bytes(universal_path)
         universal_loads.append(timed(lambda: universal.load(universal_engine, path))[0])
-    save_s, load_s, raw_s, convert_s, universal_load_s = (
-        float(np.median(v)) for v in (saves, loads, raws, converts, universal_loads))
+    save_s, load_s, raw_s, convert_s, universal_load_s, checksum_s = (
+        float(np.median(v)) for v in (saves, loads, raws, converts, universal_loads, checksums))
     params, target_params = param_count(PRESETS[args.model]), param_count(PRESETS[EXTRAPOLATE_TO])
     scale = target_params / params
     results = {"model": args.model, "ds_config": args.ds_config, "params": params, "checkpoint_bytes": nbytes,
                "repeats": REPEATS, "save_s": save_s, "load_s": load_s, "raw_write_s": raw_s,
                "save_mb_s": nbytes / save_s / 1e6, "load_mb_s": nbytes / load_s / 1e6,
                "raw_write_mb_s": nbytes / raw_s / 1e6, "save_vs_raw_write": raw_s / save_s,
+               "checksum_s": checksum_s, "checksum_vs_save": checksum_s / save_s,
                "convert_s": convert_s, "universal_bytes": universal_bytes,
                "universal_vs_checkpoint_bytes": universal_bytes / nbytes, "convert_vs_save": convert_s / save_s,
                "universal_load_s": universal_load_s,
                "all_save_s": saves, "all_load_s": loads, "all_raw_write_s": raws, "all_convert_s": converts,
-               "all_universal_load_s": universal_loads}
+               "all_universal_load_s": universal_loads, "all_checksum_s": checksums}
     planned = {f"{EXTRAPOLATE_TO}_params": target_params,
                f"{EXTRAPOLATE_TO}_convert_s_extrapolated": convert_s * scale,
                f"{EXTRAPOLATE_TO}_universal_bytes_extrapolated": round(universal_bytes * scale)}

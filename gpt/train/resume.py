@@ -10,7 +10,7 @@ from gpt.console import BadInput, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
                                   checkpoint_dir, complete_tags, damage, is_universal, json_kind, model_states,
-                                  newest_intact)
+                                  newest_intact, verified)
 from gpt.train.out_dir import check_fresh_out_dir
 
 
@@ -40,7 +40,15 @@ def plan_resume(resume_from, saved, current, settings):
 def find_checkpoint(resume, out_dir):
     """The checkpoint directory to resume from, or None for a fresh start ('auto' with nothing saved).
     `resume` is 'auto' (the newest intact one under out_dir) or a path to a checkpoint or its parent; with
-    out_dir None (the console scripts) it is always a path."""
+    out_dir None (the console scripts) it is always a path. Its bytes are checked against the checksums of its
+    save (checkpoint.damage); one saved before checkpoints recorded them is said to be unverified."""
+    found = _find_checkpoint(resume, out_dir)
+    if found is not None and (found / COMPLETE).exists() and not verified(found):
+        warn(f"{found}: saved before checkpoints recorded their files' checksums: its bytes are not verified")
+    return found
+
+
+def _find_checkpoint(resume, out_dir):
     if resume == "auto" and out_dir is not None:  # without a run's out_dir (gpt-export, gpt-eval) 'auto' is a path
         return newest_intact(checkpoint_dir(out_dir))
     path = Path(resume)
@@ -52,7 +60,7 @@ def find_checkpoint(resume, out_dir):
                               "one of this trainer's checkpoints (a step_NNNNNNNN directory)"))
         return path  # the console scripts read its weights (read_weights)
     if (path / COMPLETE).exists():
-        problem = damage(path)
+        problem = damage(path, contents=True)
         if problem:
             raise BadInput(f"{path}: damaged checkpoint ({problem}); give its parent directory to take "
                            f"the newest intact one")
@@ -74,7 +82,8 @@ def check_resume_target(resume_from, out_dir):
     ckpt_dir = checkpoint_dir(out_dir)
     if not ckpt_dir.is_dir() or Path(resume_from).parent.resolve() != ckpt_dir.resolve():
         return check_fresh_out_dir(out_dir)
-    later = [t for t in complete_tags(ckpt_dir) if t > Path(resume_from).name and not damage(ckpt_dir / t)]
+    later = [t for t in complete_tags(ckpt_dir) if t > Path(resume_from).name
+             and not damage(ckpt_dir / t, contents=True)]
     if later:
         raise BadInput(f"--resume {resume_from}: {ckpt_dir} holds later checkpoints (up to {later[-1]}) "
                        f"that this run would overwrite: resume it into another --out_dir")

@@ -170,7 +170,7 @@ class Trainer:
         if kind != "weights":
             ds_engine.replay_adam_step_count(engine)  # bit-exact on CPU also from the first resumed step
         if engine.global_rank == 0:
-            checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.run.out_dir))
+            checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.run.out_dir), path)
         step = state["step"] + 1
         position = self._resume_data(path, state["loader"])
         if rng_problem:

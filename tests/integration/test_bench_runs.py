@@ -147,6 +147,8 @@ def test_checkpoint_bench_measures_universal_conversion(tmp_path):
     assert len(results["all_convert_s"]) == results["repeats"] == len(results["all_universal_load_s"])
     assert results["universal_vs_checkpoint_bytes"] == results["universal_bytes"] / results["checkpoint_bytes"]
     assert results["convert_vs_save"] == results["convert_s"] / results["save_s"]
+    assert len(results["all_checksum_s"]) == results["repeats"] and results["checksum_s"] > 0
+    assert results["checksum_vs_save"] == results["checksum_s"] / results["save_s"]
     scale = param_count(PRESETS["d48"]) / param_count(PRESETS["tiny"])
     assert results["extrapolated_from"] == "tiny" and results["d48_params"] == param_count(PRESETS["d48"])
     assert results["d48_convert_s_extrapolated"] == pytest.approx(results["convert_s"] * scale)

@@ -189,6 +189,38 @@ def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_l
             f"again; line(s) 6 dropped: not a whole record (cut by a kill)") in proc.stderr
 
 
+def test_a_checkpoint_whose_bytes_changed_is_passed_over_and_an_old_one_is_said_to_be_unverified(tmp_path,
+                                                                                                shakespeare_dir):
+    """Bytes overwritten in the middle of the newest checkpoint's optimizer file, its size kept (a failing disk, a bad
+    copy): it loaded without a word before, and the loss went NaN. Named, it is refused; --resume auto takes the one
+    before and sets it aside. That one's complete.json as older saves wrote it (no checksums): loaded, said unverified."""
+    args = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
+    train(tmp_path, shakespeare_dir, *args, "--max_steps", "4")
+    ckpt = tmp_path / "checkpoints"
+    (optim,) = (ckpt / "step_00000003").glob("*optim_states.pt")
+    with open(optim, "r+b") as file:
+        file.seek(optim.stat().st_size // 2)
+        file.write(bytes(64))
+    with pytest.raises(BadInput, match=f"step_00000003: damaged checkpoint \\({optim.name} does not hold the bytes it "
+                                       f"was saved with \\(the CRC-32 of its bytes from 0 on: "):
+        resume.find_checkpoint(str(ckpt / "step_00000003"), tmp_path)
+    crcs = (checkpoint.checksums(optim.parent, [optim.name])[optim.name][0],  # the file is one piece: < CHUNK_BYTES
+            json.loads((ckpt / "step_00000003" / "complete.json").read_text())["crc32"][optim.name][0])
+    marker = ckpt / "step_00000001" / "complete.json"
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "crc32"}))
+    records, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", "5", "--resume", "auto")
+    assert f"resumed from {ckpt / 'step_00000001'} at step 2" in proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings[:2] == [
+        f"warning: {ckpt / 'step_00000003'}: damaged checkpoint ({optim.name} does not hold the bytes it was saved "
+        f"with (the CRC-32 of its bytes from 0 on: {crcs[0]:08x}, {crcs[1]:08x} at save)); falling back to the one "
+        f"before it",
+        f"warning: {ckpt / 'step_00000001'}: saved before checkpoints recorded their files' checksums: its bytes are "
+        f"not verified"], proc.stderr[-3000:]
+    assert f"warning: {ckpt / 'step_00000003'}: damaged checkpoint set aside as step_00000003.damaged" in warnings
+    assert [r["step"] for r in records if "loss" in r] == [0, 1, 2, 3, 4]
+
+
 def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, shakespeare_dir):
     records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
                           "--resume", "auto")
@@ -259,8 +291,10 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
         f"warning: {ckpt / 'step_00000001'}: damaged checkpoint set aside as step_00000001.damaged",
         f"warning: {ckpt / 'step_00000005'}: damaged checkpoint set aside as step_00000005.damaged",
         f"warning: [rank 0] {ckpt / 'step_00000003'}: rng_rank00000.pt is missing: this rank's random state was "
-        f"not restored, so the run will not repeat an uninterrupted one exactly"], proc.stderr[-3000:]
-    assert step_records(resumed)[-2:] == step_records(whole)[4:]  # metrics.jsonl: the first run, then these
+        f"not restored, so the run will not repeat an uninterrupted one exactly",
+        f"warning: {tmp_path / 'metrics.jsonl'}: 2 record(s) of steps 4 on dropped: this launch trains them again"
+    ], proc.stderr[-3000:]
+    assert step_records(resumed) == step_records(whole)  # metrics.jsonl: the first run's 0-3, then these
     assert checkpoint.complete_tags(ckpt) == ["step_00000003", "step_00000005"]
     assert checkpoint.damage(ckpt / "step_00000005") is None and (ckpt / "step_00000005.damaged" / model.name).exists()
 
