@@ -57,6 +57,11 @@ def tag_for(step):
     return f"step_{step:08d}"
 
 
+def step_of(tag):
+    """The step a tag (step_NNNNNNNN) was saved after."""
+    return int(TAG_PATTERN.match(tag)[1])
+
+
 def rng_state():
     from deepspeed.accelerator import get_accelerator
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),

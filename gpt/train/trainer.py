@@ -39,14 +39,17 @@ def train_or_exit(settings, stop):
     try:
         fit_at_a_size_that_fits(prepared, stop)
     except DiskProblem as e:
-        exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", 1, every_rank=True)
+        exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings.run.out_dir)}", 1,
+                  every_rank=True)
     except StopTraining as e:
-        exit_with(f"stopping: {e}. Last good checkpoint: {last_good_checkpoint(settings)}", 1)
+        good = last_good_checkpoint(settings.run.out_dir, e.trouble_from, prepared.resume_from)
+        exit_with(f"stopping: {e}. Last good checkpoint: {good}", 1)
     except OSError as e:  # metrics.jsonl, TensorBoard's events
         problem = write_problem(e.filename or settings.run.out_dir, e) if e.errno else None
         if problem is None:
             raise
-        exit_with(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings)}", 1, every_rank=True)
+        exit_with(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings.run.out_dir)}", 1,
+                  every_rank=True)
     except BadInput as e:  # what the up-front checks could not see: DeepSpeed's
         # own load failed, or --init_from's weights (read only here, once) are unreadable or misshapen
         exit_with(e, 1)
@@ -54,7 +57,7 @@ def train_or_exit(settings, stop):
         if ranks.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
             exit_with(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "
                       f"Relaunch the whole job with --resume auto; last good checkpoint: "
-                      f"{last_good_checkpoint(settings)}", 1, every_rank=True)
+                      f"{last_good_checkpoint(settings.run.out_dir)}", 1, every_rank=True)
         if LOSS_SCALE_AT_MINIMUM not in str(e):
             raise
         exit_with("fp16 loss scale fell to its minimum: gradients keep overflowing. Remedies: train in bf16 "
@@ -71,8 +74,8 @@ def fit_at_a_size_that_fits(prepared, stop):
     while True:
         trainer = Trainer.build_or_exit(prepared)
         try:
-            return trainer.fit(trainer.resume(prepared.resume_from, prepared.resume_kind, prepared.saved_run_config), stop,
-                               auto=prepared.auto_plan is not None)
+            first_step = trainer.resume(prepared.resume_from, prepared.resume_kind, prepared.saved_run_config)
+            return trainer.fit(first_step, stop, auto=prepared.auto_plan is not None)
         except FirstStepOutOfMemory:
             trainer.close()
         del trainer
@@ -80,13 +83,27 @@ def fit_at_a_size_that_fits(prepared, stop):
         prepared = start.smaller_micro_batch(prepared)
 
 
-def last_good_checkpoint(settings):
-    tags = checkpoint.complete_tags(checkpoint.checkpoint_dir(settings.run.out_dir))
-    return checkpoint.checkpoint_dir(settings.run.out_dir) / tags[-1] if tags else "none"
+def last_good_checkpoint(out_dir, trouble_from=None, resumed_from=None):
+    """The newest complete checkpoint; after a stop for non-finite or outlying steps (trouble_from: the first of
+    them), the newest saved before that step, and not the one the run resumed from when the trouble came in the step
+    right after it: its own state may be what went wrong (a checkpoint whose bytes changed led to NaN two steps on)."""
+    ckpt_dir = checkpoint.checkpoint_dir(out_dir)
+    tags = checkpoint.complete_tags(ckpt_dir)
+    if trouble_from is not None:
+        tags = [tag for tag in tags if checkpoint.step_of(tag) < trouble_from]
+        if tags and resumed_from is not None and Path(resumed_from).name == tags[-1] \
+                and checkpoint.step_of(tags[-1]) + 1 == trouble_from:
+            tags = tags[:-1]
+    return ckpt_dir / tags[-1] if tags else "none"
 
 
 class StopTraining(Exception):
-    """The run cannot continue; the message says why."""
+    """The run cannot continue; the message says why. trouble_from: the step where non-finite or outlying steps
+    began, when that is why."""
+
+    def __init__(self, message, trouble_from=None):
+        super().__init__(message)
+        self.trouble_from = trouble_from
 
 
 class DiskProblem(StopTraining):
@@ -235,7 +252,10 @@ class Trainer:
         """One optimizer step as fit takes it: train, log, the guard's verdict. Returns the loss."""
         lr = self.engine.get_lr()[0]
         reset_peak_memory(self.device.type)
-        (loss, skipped), seconds = ranks.timed_on_device(self._train_step)
+        try:
+            (loss, skipped), seconds = ranks.timed_on_device(self._train_step)
+        except StopTraining as e:  # a non-finite loss that ZeRO 0 cannot skip: the trouble began at this step
+            raise StopTraining(str(e), step) from None
         self._log_step(step, lr, loss, skipped, seconds)
         self._guard_step(step, loss, skipped)
         return loss
@@ -264,7 +284,7 @@ class Trainer:
         not finite. A full or read-only disk raises DiskProblem."""
         settings = self.settings
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):  # the same on every rank
-            raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved")
+            raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved", step)
         client_state = {"step": step, "tokens": (step + 1) * settings.data.total_batch_tokens,
                         "loader": self.train_loader.state_dict()}
         began = time.perf_counter()
@@ -322,7 +342,7 @@ class Trainer:
         if skipped:
             say0(f"step {step:5d} | update skipped: {self.guard.reason}")
         if bad:
-            raise StopTraining(bad)
+            raise StopTraining(bad, trouble_from=step - self.guard.bad_in_a_row + 1)
 
     def _first_step(self, step):
         """The run's first optimizer step under --micro_batch auto. Out of memory on every rank raises

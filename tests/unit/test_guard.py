@@ -148,3 +148,21 @@ def test_fp16_overflows_are_not_bad_steps():
     guard.end_step(math.nan, skipped=True)
     assert guard.check_loss(math.nan)
     assert guard.end_step(math.nan, skipped=True) == "2 bad steps in a row (last: loss nan)"
+
+
+@pytest.mark.parametrize("trouble_from, resumed_from, named", [
+    (None, None, "step_00000005"),  # a stop for another reason: the newest
+    (6, None, "step_00000005"),  # saved before the first bad step
+    (6, "step_00000005", "step_00000003"),  # the trouble came in the step right after the resume: not that one
+    (7, "step_00000005", "step_00000005"),  # a step after the resume went well first
+    (5, None, "step_00000003"),  # saved during the bad streak: not good
+    (3, None, "step_00000001"),
+    (2, "step_00000001", "none")])
+def test_the_last_good_checkpoint_is_from_before_the_trouble(tmp_path, trouble_from, resumed_from, named):
+    from gpt.train.trainer import last_good_checkpoint
+    ckpt = tmp_path / "checkpoints"
+    for tag in ("step_00000001", "step_00000003", "step_00000005"):
+        (ckpt / tag).mkdir(parents=True)
+        (ckpt / tag / "complete.json").write_text("{}")
+    found = last_good_checkpoint(tmp_path, trouble_from, resumed_from and ckpt / resumed_from)
+    assert found == (ckpt / named if named != "none" else "none")
