@@ -149,7 +149,7 @@ def damage(path, contents=False):
     would block the read forever) or not one save() writes, or a file written at save is missing or no longer
     its recorded size; with contents, also a file whose bytes are not those saved (checksums: the checkpoint is
     read whole). RNG files are left to load(), which says when one is missing. Markers written
-    before sizes (checksums) were recorded are trusted for them (unverified: verified())."""
+    before sizes (checksums) were recorded are trusted for them (unverified())."""
     marker = Path(path) / COMPLETE
     problem = not_regular(marker)
     if problem:
@@ -182,10 +182,11 @@ def damage(path, contents=False):
     return None
 
 
-def verified(path):
-    """Whether path's complete.json records its files' checksums (checkpoints saved before they did load
-    unverified)."""
-    return "crc32" in json.loads((Path(path) / COMPLETE).read_text())
+def unverified(path):
+    """Whether path was saved with its files' sizes but before checkpoints recorded their checksums: it loads, its
+    bytes unverified. (Markers older still, without sizes, are trusted as damage() trusts them.)"""
+    marker = json.loads((Path(path) / COMPLETE).read_text())
+    return "files" in marker and "crc32" not in marker
 
 
 def complete_tags(ckpt_dir):

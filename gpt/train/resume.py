@@ -10,7 +10,7 @@ from gpt.console import BadInput, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
                                   checkpoint_dir, complete_tags, damage, is_universal, json_kind, model_states,
-                                  newest_intact, verified)
+                                  newest_intact, unverified)
 from gpt.train.out_dir import check_fresh_out_dir
 
 
@@ -43,7 +43,7 @@ def find_checkpoint(resume, out_dir):
     out_dir None (the console scripts) it is always a path. Its bytes are checked against the checksums of its
     save (checkpoint.damage); one saved before checkpoints recorded them is said to be unverified."""
     found = _find_checkpoint(resume, out_dir)
-    if found is not None and (found / COMPLETE).exists() and not verified(found):
+    if found is not None and (found / COMPLETE).exists() and unverified(found):
         warn(f"{found}: saved before checkpoints recorded their files' checksums: its bytes are not verified")
     return found
 
