@@ -16,6 +16,7 @@ from conftest import REPO
 from gpt.commands import plan, prepare
 from gpt.commands.eval import main as evaluate_main
 from gpt.commands.export import main as export_main
+from gpt.train import checkpoint
 from gpt.commands.sample import main as sample_main
 from gpt.data.shards import write_shard
 
@@ -90,15 +91,17 @@ def bad_files(tmp_path_factory, trained_checkpoint):
         f"<{len(fields) + 2}H", 65535, 2 * (len(fields) + 2), *fields))
     step = "step_00000002"  # trained_checkpoint's only checkpoint
 
-    def damaged_copy(name, file, damage):
+    def damaged_copy(name, file, damage, sealed=True):
         """trained_checkpoint copied to `name` with its step's `file` changed by damage(path); complete.json's
-        recorded size follows a regular file's new size (so the change is not found as a size mismatch)."""
+        recorded size and checksums follow a regular file's new bytes (so that the reader behind the check of the
+        checkpoint's bytes is what meets the change), unless not `sealed` (bit rot: found by that check)."""
         shutil.copytree(trained_checkpoint, root / name)
         path = root / name / step / file
         marker = json.loads((root / name / step / "complete.json").read_text())  # before: it may become a FIFO
         damage(path)
-        if path.is_file() and file in marker["files"]:
+        if path.is_file() and file in marker["files"] and sealed:
             marker["files"][file] = path.stat().st_size
+            marker["crc32"][file] = checkpoint.checksums(path.parent, [file])[file]
             (root / name / step / "complete.json").write_text(json.dumps(marker))
 
     def garble(path):  # bit rot that keeps the size
@@ -109,8 +112,8 @@ def bad_files(tmp_path_factory, trained_checkpoint):
 
     def edit_run_config(change):
         return lambda path: path.write_text(json.dumps(change(json.loads(path.read_text()))))
-    damaged_copy("garbled_model", "mp_rank_00_model_states.pt", garble)
-    damaged_copy("garbled_optim", "zero_pp_rank_0_mp_rank_00_optim_states.pt", garble)
+    damaged_copy("garbled_model", "mp_rank_00_model_states.pt", garble, sealed=False)
+    damaged_copy("garbled_optim", "zero_pp_rank_0_mp_rank_00_optim_states.pt", garble, sealed=False)
     damaged_copy("cut_model", "mp_rank_00_model_states.pt",
                  lambda p: p.write_bytes(p.read_bytes()[:1000] + bytes(p.stat().st_size - 1000)))
     damaged_copy("rc_array", "run_config.json", lambda p: p.write_text("[]"))
@@ -122,11 +125,8 @@ def bad_files(tmp_path_factory, trained_checkpoint):
     damaged_copy("complete_fifo", "complete.json", replace_with(os.mkfifo))
     (root / "hf_config_dir" / "config.json").mkdir(parents=True)
     for name, key, value in (("edited_layers", "n_layer", 3), ("edited_heads", "n_head", 3)):
-        shutil.copytree(trained_checkpoint, root / name)  # a run_config.json edited to other numbers of one digit:
-        config = root / name / "step_00000002" / "run_config.json"  # the same size, so not found damaged
-        run = json.loads(config.read_text())
-        run["model"][key] = value
-        config.write_text(json.dumps(run, indent=1))
+        # a run_config.json edited to other numbers (and its checksum with it): the reader's check of the weights
+        damaged_copy(name, "run_config.json", edit_run_config(lambda run: {**run, "model": {**run["model"], key: value}}))
     return root
 
 
@@ -384,16 +384,18 @@ CASES = [
     ("gpt-sample", "--checkpoint {in}/edited_heads",
      "error: {in}/edited_heads/step_00000002: its run_config.json says n_head 3, which does not divide its "
      "n_embd 64"),
-    # checkpoint files garbled or cut (named, not zero_to_fp32's traceback), of another structure, or not regular
+    # checkpoint files garbled (bit rot: found by the checksums) or cut (named, not zero_to_fp32's traceback), of
+    # another structure, or not regular
     # files (a FIFO complete.json used to block every command forever)
     ("gpt-export", "{in}/garbled_model --out_dir {out}",
-     "error: {in}/garbled_model/step_00000002/mp_rank_00_model_states.pt: unreadable (UnpicklingError: ..."),
+     "error: {in}/garbled_model: every complete checkpoint is damaged (the oldest, step_00000002: mp_rank_00_model_states.pt does not hold the bytes it was saved with (the CRC-32 of its bytes from 0 on: ..."),
     ("gpt-eval", "--checkpoint {in}/garbled_model --data {data} --seq_len 64",
-     "error: {in}/garbled_model/step_00000002/mp_rank_00_model_states.pt: unreadable (UnpicklingError: ..."),
+     "error: {in}/garbled_model: every complete checkpoint is damaged (the oldest, step_00000002: mp_rank_00_model_states.pt does not hold the bytes it was saved with (the CRC-32 of its bytes from 0 on: ..."),
     ("gpt-sample", "--checkpoint {in}/garbled_model",
-     "error: {in}/garbled_model/step_00000002/mp_rank_00_model_states.pt: unreadable (UnpicklingError: ..."),
+     "error: {in}/garbled_model: every complete checkpoint is damaged (the oldest, step_00000002: mp_rank_00_model_states.pt does not hold the bytes it was saved with (the CRC-32 of its bytes from 0 on: ..."),
     ("gpt-export", "{in}/garbled_optim --out_dir {out}",
-     "error: {in}/garbled_optim/step_00000002/zero_pp_rank_0_mp_rank_00_optim_states.pt: unreadable (UnpicklingError: ..."),
+     "error: {in}/garbled_optim: every complete checkpoint is damaged (the oldest, step_00000002: "
+     "zero_pp_rank_0_mp_rank_00_optim_states.pt does not hold the bytes it was saved with (the CRC-32 of ..."),
     ("gpt-export", "{in}/cut_model/step_00000002 --out_dir {out}",
      "error: {in}/cut_model/step_00000002/mp_rank_00_model_states.pt: unreadable (RuntimeError: PytorchStreamReader "
      "failed reading zip archive: failed finding central directory)"),

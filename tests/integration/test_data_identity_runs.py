@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import TINY, train
+from conftest import TINY, reseal, train
 from gpt.data.shards import find_shards, fingerprints, load_shard, write_shard
 
 RUN = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512"]
@@ -91,8 +91,10 @@ def test_a_checkpoint_without_fingerprints_resumes_and_says_what_is_not_checked(
     run_config = json.loads(text)
     del run_config["data"]
     (step / "run_config.json").write_text(json.dumps(run_config, indent=1).ljust(len(text)))
+    reseal(step, checksums=False)  # saved before checksums too
     _, proc = train(tmp_path / "out", data, *RUN, "--max_steps", "4", "--resume", "auto")
     assert [line for line in proc.stderr.splitlines() if line.startswith("warning:")] == [
+        f"warning: {step}: saved before checkpoints recorded their files' checksums: its bytes are not verified",
         f"warning: {step}: saved before checkpoints recorded their shards' fingerprints: whether --data {data} holds "
         f"the same train shards is not checked"]
     assert "at step 3: weights, optimizer, schedule, data position and RNG" in proc.stdout

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from conftest import HALF, RELATIVE_TOLERANCE, TINY, out_dir_of, succeeded, train, two_rank_run, write_ds_config
-from gpt.train import checkpoint
+from conftest import (HALF, RELATIVE_TOLERANCE, TINY, out_dir_of, reseal, succeeded, train, two_rank_run,
+                      write_ds_config)
 
 # 1024 tokens a step: 2 ranks x micro_batch 4 x seq_len 64 x grad_accum 2, or 1 rank x grad_accum 4
 CHAIN = [*TINY, "--total_batch_tokens", "1024", "--save_every", "2", "--keep_last", "10", "--lr", "3e-3"]
@@ -94,7 +94,7 @@ def test_another_micro_batch_on_the_same_world_size_continues_the_uninterrupted_
 def as_saved_before_format_2(step_dir):
     """Make a checkpoint as this trainer saved them before checkpoint format 2: no "format" in run_config.json, no
     universal_checkpoint_info nor run_config in the client state, the loader's position in global batches of one
-    micro-step (micro_batch x world_size windows); complete.json's sizes updated to match."""
+    micro-step (micro_batch x world_size windows); complete.json's sizes updated to match, and no checksums."""
     run = json.loads((step_dir / "run_config.json").read_text())
     del run["format"]
     (step_dir / "run_config.json").write_text(json.dumps(run))
@@ -107,9 +107,7 @@ def as_saved_before_format_2(step_dir):
     state["loader"] = {**loader, "batch": loader["batch"] * micro_steps, "world_size": run["world_size"],
                        "micro_batch": run["args"]["micro_batch"]}
     torch.save(state, states)
-    complete = json.loads((step_dir / "complete.json").read_text())
-    complete["files"] = checkpoint.file_sizes(step_dir)
-    (step_dir / "complete.json").write_text(json.dumps(complete))
+    reseal(step_dir, checksums=False)
 
 
 @pytest.mark.two_rank_runs(ZERO2_CHAIN)
@@ -150,7 +148,8 @@ def test_a_conversion_that_fails_is_one_line_and_leaves_the_checkpoint_untouched
     step = tmp_path / "run" / "checkpoints" / "step_00000005"
     shutil.copytree(out_dir_of(two_proc) / "checkpoints" / "step_00000005", step)
     optim = step / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    optim.write_bytes(b"\0" * optim.stat().st_size)  # garbled in place: its recorded size still fits
+    optim.write_bytes(b"\0" * optim.stat().st_size)  # garbled in place, and sealed: what the conversion meets
+    reseal(step)
     before = {p.name: p.read_bytes() for p in step.iterdir()}
     _, proc = train(tmp_path / "b", shakespeare_dir, *CHAIN, "--max_steps", "7", "--ds_config",
                     write_ds_config(tmp_path / "ds.json", **CASES["zero2_fp32"][0]), "--resume", str(step), check=False)
