@@ -1,12 +1,15 @@
 """The in-process harness (tests/integration/in_process.py) with whatever handlers pytest or anyone else attaches to
 DeepSpeed's logger: DeepSpeed's console lines land in the run's stderr, every other handler keeps its target,
-and all are as they were afterwards."""
+and all are as they were afterwards; malloc, set by the run to keep freed memory, unmaps it again afterwards."""
 import io
 import logging
 import sys
 
+import torch
+
 from deepspeed.utils import logger as deepspeed_logger
 
+from gpt.runtime.host import keep_freed_memory_in_heap
 from in_process import run_main
 
 
@@ -33,3 +36,23 @@ def test_a_run_sends_deepspeeds_console_lines_to_its_stderr_and_leaves_other_han
     assert "from DeepSpeed's logger" in err
     assert "from DeepSpeed's logger" in others[1].stream.getvalue()  # still its own target, not err
     assert {handler: getattr(handler, "stream", None) for handler in deepspeed_logger.handlers} == before
+
+
+def resident_bytes():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_after_a_run_that_kept_freed_memory_a_freed_block_is_unmapped_again():
+    def main(argv):
+        keep_freed_memory_in_heap()  # what setup_distributed does in a CPU run
+        block = torch.ones(64 * 2**20)  # 256 MiB, kept in the heap once freed
+        del block
+        assert resident_bytes() - before > 200 * 2**20
+
+    before = resident_bytes()
+    assert run_main([], main=main)[0] == 0
+    assert resident_bytes() - before < 16 * 2**20  # the run's free memory handed back
+    block = torch.ones(64 * 2**20)
+    del block
+    assert resident_bytes() - before < 16 * 2**20  # and a block freed now is unmapped, as glibc's defaults do
