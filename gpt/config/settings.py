@@ -191,8 +191,9 @@ class RunSection(Section):
                                     "refused on GPUs")
     collective_timeout: float = setting(
         600, "how long a rank waits in a collective (all-reduce, barrier) for the others before it fails with an "
-             "error: a node that died stops the survivors after this (DeepSpeed's default: 600)",
-        above=0, at_most=MAX_COLLECTIVE_TIMEOUT, why="seconds: a week", metavar="SECONDS", type=float)
+             "error: a node that died stops the survivors after this (DeepSpeed's default: 600; at least 10: ranks "
+             "start seconds apart, and rank 0 alone checksums each checkpoint while the others wait)",
+        at_least=10, at_most=MAX_COLLECTIVE_TIMEOUT, why="seconds: a week", metavar="SECONDS", type=float)
     local_rank: int = setting(0, "set by the deepspeed launcher", env="LOCAL_RANK")
 
 

@@ -4,7 +4,9 @@ the lowest mean loss. OpenAI's GPT-2 124M scores acc_norm 0.2955 on the 10,042 v
 
 Inputs: the official jsonl (ctx, endings, label), or llm.c's `hellaswag_val.bin` (already tokenized).
 """
+import errno
 import json
+import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gpt.console import BadInput, atomic_write, json_line, regular_file_problem
+from gpt.console import BadInput, atomic_write, download_cache, json_line, regular_file_problem
 from gpt.data.tokenizer import gpt2_tokenizer
 
 OFFICIAL_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -125,9 +127,15 @@ def read_llmc_bin(path):
 def load(path, cache_dir=None):
     """Examples from a .jsonl or llm.c .bin path; 'val' downloads the official validation jsonl once."""
     if str(path) == "val":
-        cache = Path(cache_dir or Path.home() / ".cache" / "dsgpt") / "hellaswag_val.jsonl"
+        cache = Path(cache_dir or download_cache()) / "hellaswag_val.jsonl"
         if not cache.exists():
-            cache.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                if not os.access(cache.parent, os.W_OK):  # a read-only disk or HOME: EROFS even for root
+                    raise OSError(errno.EROFS, "not writable")
+            except OSError as e:
+                raise BadInput(f"{cache.parent}: cannot keep HellaSwag's download there ({e.strerror}); set "
+                               f"XDG_CACHE_HOME to a writable directory, or pass a local hellaswag_val.jsonl") from None
             with atomic_write(cache) as tmp:
                 try:
                     with urllib.request.urlopen(OFFICIAL_VAL_URL, timeout=30) as response:

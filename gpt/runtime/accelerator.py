@@ -17,10 +17,14 @@ try:
         import deepspeed  # noqa: F401
 except ValueError as error:  # DeepSpeed picks its accelerator while it is imported, and raises on an unknown one
     known = getattr(sys.modules.get("deepspeed.accelerator.real_accelerator"), "SUPPORTED_ACCELERATOR_LIST", None)
-    if "DS_ACCELERATOR" not in str(error) or known is None:
+    asked = os.environ.get("DS_ACCELERATOR")
+    if known is None or asked is None:
         raise
-    exit_with(f"DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')!r} is not an accelerator DeepSpeed knows: one of "
-              f"{', '.join(known)}, or unset to let DeepSpeed detect the device", status=2)
+    if "DS_ACCELERATOR" in str(error):
+        exit_with(f"DS_ACCELERATOR={asked!r} is not an accelerator DeepSpeed knows: one of {', '.join(known)}, or unset "
+                  f"to let DeepSpeed detect the device", status=2)
+    # one it knows, whose PyTorch support is not installed here (xpu, npu, mps, hpu, ...): DeepSpeed's reason
+    exit_with(f"DS_ACCELERATOR={asked!r}: {str(error).rstrip('.')}; unset it to let DeepSpeed detect the device", status=2)
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 
@@ -47,6 +51,16 @@ warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_te
 # A one-GPU NCCL group is not bound to its GPU (DeepSpeed binds only larger ones, DeepSpeed #8248), so torch warns
 # at the first barrier, DeepSpeed's or ours, that it uses the current device: the one setup_distributed sets first
 warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context", category=UserWarning)
+
+
+def accelerator_problem():
+    """Why the accelerator DS_ACCELERATOR names cannot train here, or None: DeepSpeed takes 'cuda' on trust, and a
+    machine without CUDA failed in the first CUDA call (`Torch not compiled with CUDA enabled`, from the memory check)."""
+    if os.environ.get("DS_ACCELERATOR") == "cuda" and not torch.cuda.is_available():
+        return (f"DS_ACCELERATOR='cuda': torch {torch.__version__} here "
+                + ("is built without CUDA" if torch.version.cuda is None else "finds no CUDA device")
+                + "; unset it to let DeepSpeed detect the device")
+    return None
 
 
 def device_type():

@@ -1,8 +1,8 @@
 """The host fixes a run needs on this machine, apart from the process group they are applied around
 (gpt.runtime.ranks.setup_distributed, and py-cpuinfo's answer when gpt.runtime.accelerator imports DeepSpeed):
 py-cpuinfo answered from /proc/cpuinfo, leftovers of killed runs removed, glibc malloc keeping freed memory in the
-heap (and handing it back on request), DeepSpeed's CPU allreduce buffer in /dev/shm removed at exit. Nothing here
-imports deepspeed."""
+heap (and handing it back on request), DeepSpeed's CPU allreduce buffer in /dev/shm removed at exit, torch's
+extensions directory checked. Nothing here imports deepspeed but to ask whether its ops were prebuilt."""
 import contextlib
 import ctypes
 import functools
@@ -11,6 +11,8 @@ import platform
 import sys
 import time
 from pathlib import Path
+
+from gpt.console import nearest_existing
 
 
 def cpu_info_from_proc():
@@ -206,6 +208,24 @@ def jit_locks():
         return sorted(Path(root).glob("*/lock"))
     from torch.utils.cpp_extension import get_default_build_root
     return sorted(Path(get_default_build_root()).glob("*/*/lock"))
+
+
+def extensions_dir_problem():
+    """Why DeepSpeed could not JIT-build or load its ops (the CPU's allreduce and Adam, FusedAdam on GPUs) under
+    torch's extensions directory, or None: loading takes a lock file there even when an op is built. None where
+    DeepSpeed was installed with its ops prebuilt (DS_BUILD_OPS=1)."""
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if any(installed_ops.values()):
+        return None
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    existing = nearest_existing(root)
+    if os.access(existing, os.W_OK):  # also EROFS for root, whom permissions do not stop
+        return None
+    variable = "TORCH_EXTENSIONS_DIR" if os.environ.get("TORCH_EXTENSIONS_DIR") else "XDG_CACHE_HOME or TORCH_EXTENSIONS_DIR"
+    return (f"{root}: not writable ({existing} is read-only or not yours), and DeepSpeed builds and loads its ops "
+            f"there: set {variable} to a writable directory")
 
 
 def file_system_type(path):

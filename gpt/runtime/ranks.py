@@ -4,6 +4,7 @@ apart, a step timed on the device, a free port."""
 import atexit
 import contextlib
 import datetime
+import errno
 import os
 import socket
 import sys
@@ -12,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from gpt.console import exit_with
 from gpt.runtime.accelerator import enable_cpu_fp16, get_accelerator  # first: DeepSpeed, its logs on stderr
 from gpt.runtime.host import keep_freed_memory_in_heap, release_cpu_comm_buffer, remove_leftovers
 
@@ -43,6 +45,29 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def store_port_problem(environ=os.environ):
+    """Why the rank that will host the process group's store (RANK 0; under torchrun its agent hosts it) cannot listen
+    on MASTER_PORT, or None: a port in use failed only inside torch's rendezvous, as a traceback (EADDRINUSE)."""
+    if (environ.get("RANK") != "0" or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            or "MASTER_PORT" not in environ or dist.is_initialized()):  # a group joined before (tests): its store's
+        return None
+    port = environ["MASTER_PORT"]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"MASTER_PORT={port!r}: not a port number (1-65535)"
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds: a closed run's port is free
+        try:
+            s.bind(("", int(port)))  # every address, as the store listens
+        except OSError as e:
+            return port_in_use(port) + ("" if e.errno == errno.EADDRINUSE else f" ({e.strerror})")
+    return None
+
+
+def port_in_use(port):
+    return (f"MASTER_PORT={port}: the process group's port is in use on this machine (another run, or another "
+            f"program, holds it): launch with a free one, --master_port N (deepspeed, torchrun)")
 
 
 def threads_per_rank():
@@ -80,9 +105,14 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
         torch.backends.cudnn.allow_tf32 = True
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accelerator.set_device(local_rank)  # before the group: NCCL's communicator is made on the current device
-    with contextlib.redirect_stdout(sys.stderr):  # on CPU DeepSpeed prints that it built its shared-memory op
-        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
-                                   timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # on CPU DeepSpeed prints that it built its shared-memory op
+            deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
+                                       timeout=datetime.timedelta(seconds=timeout_s))
+    except dist.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        exit_with(port_in_use(os.environ.get("MASTER_PORT")), 2)  # taken since store_port_problem looked
     return torch.device(accelerator.device_name(local_rank))
 
 

@@ -36,7 +36,10 @@ def prepare(settings):
 def setup(settings):
     """Every check before launch (gpt/train/preflight.py), then rank 0 takes out_dir's lock (and converts a
     checkpoint to resume on another layout), and every rank joins the process group."""
-    exit_if([launch_problem()], 2)  # the world size every plan below is made for, as the group will have it
+    # the device asked for; the world size every plan below is made for, as the group will have it; the port its store
+    # will listen on; where DeepSpeed's ops are built
+    exit_if([accelerator.accelerator_problem(), launch_problem(), ranks.store_port_problem(),
+             host.extensions_dir_problem()], 2)
     world_size = launched_world_size()
     device_type = accelerator.device_type()
     if device_type == "cuda":

@@ -261,7 +261,7 @@ TRAIN_CASES = [
     (["--n_layer", "0"], "error: --n_layer must be positive (got 0)"),
     (["--n_head", "0"], "error: --n_head must be positive (got 0)"),
     (["--max_steps", "0"], "error: --max_steps 0 must be a finite number >= 1"),
-    (["--collective_timeout", "0"], "error: --collective_timeout 0.0 must be a finite number > 0"),
+    (["--collective_timeout", "5"], "error: --collective_timeout 5.0 must be a finite number >= 10"),  # too short to start
     (["--micro_batch", "auto", "--lr", "nan"], "error: --lr nan must be a finite number > 0"),
     (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "stage": "two"})],
      'error: {path}: zero_optimization.stage "two" is not supported: use 0, 1 or 2 (ZeRO-3 partitions the '
@@ -740,3 +740,43 @@ def test_an_accelerator_deepspeed_does_not_know_is_one_line_and_exit_2(command):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"error: DS_ACCELERATOR='tpu' is not an accelerator DeepSpeed knows: one of "
                            f"{', '.join(SUPPORTED_ACCELERATOR_LIST)}, or unset to let DeepSpeed detect the device\n")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+@pytest.mark.parametrize("asked", ["cuda", "xpu"])
+def test_an_accelerator_this_machine_lacks_is_one_line_and_exit_2_with_nothing_written(asked, tmp_path, shakespeare_dir):
+    """DeepSpeed takes DS_ACCELERATOR=cuda on trust (the run failed in its first CUDA call, `Torch not compiled with
+    CUDA enabled`), and raises its own traceback for one it knows whose support is not installed (xpu, npu, mps, ...)."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--data", str(shakespeare_dir),
+                           "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**plain_shell_env(), "DS_ACCELERATOR": asked})
+    assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]
+    (line,) = proc.stderr.splitlines()
+    if asked == "cuda":
+        assert line == (f"error: DS_ACCELERATOR='cuda': torch {torch.__version__} here "
+                        + ("is built without CUDA" if torch.version.cuda is None else "finds no CUDA device")
+                        + "; unset it to let DeepSpeed detect the device")
+    else:
+        assert line.startswith("error: DS_ACCELERATOR='xpu': XPU_Accelerator requires PyTorch with XPU support")
+        assert line.endswith("; unset it to let DeepSpeed detect the device")
+
+
+def test_a_master_port_in_use_is_one_line_and_exit_2_with_nothing_written(tmp_path, shakespeare_dir):
+    """A launcher's MASTER_PORT that another program holds: torch's rendezvous failed with EADDRINUSE, a traceback."""
+    import socket
+
+    out = tmp_path / "run"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--data", str(shakespeare_dir),
+                               "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**plain_shell_env(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: MASTER_PORT={port}: the process group's port is in use on this machine (another run, or another "
+        f"program, holds it): launch with a free one, --master_port N (deepspeed, torchrun)")
+    assert "Traceback" not in proc.stderr

@@ -1,10 +1,14 @@
 """Full and read-only disks (gpt/console.py), on small tmpfs mounts: one line, `latest` never on a partial step,
-refused up front where the run could not save."""
+refused up front where the run could not save; a read-only cache (torch's extensions, our downloads) named with the
+variable that moves it."""
 import subprocess
+import sys
 
 import pytest
 
-from conftest import TINY, train
+from conftest import REPO, TINY, plain_shell_env, train
+from gpt.console import BadInput
+from gpt.data import hellaswag
 from gpt.train import checkpoint, resume
 from gpt.console import free_bytes, megabytes
 
@@ -68,3 +72,28 @@ def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refus
     assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out}: no space left on the device: "
                                                  f"{megabytes(free)} free, a checkpoint like step_00000001 needs "
                                                  f"{megabytes(needed)}\n")
+
+
+def test_a_read_only_torch_extensions_dir_is_one_line_and_exit_2_with_nothing_written(mount, tmp_path, shakespeare_dir):
+    """DeepSpeed JIT-builds its ops there and takes a lock file there to load one already built: the run failed in
+    DeepSpeed's op build with `OSError: Read-only file system`."""
+    extensions = mount(tmp_path / "ro", "1m", read_only=True) / "torch_extensions"
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--data", str(shakespeare_dir),
+                           "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**plain_shell_env(), "TORCH_EXTENSIONS_DIR": str(extensions)})
+    assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: {extensions}: not writable ({tmp_path / 'ro'} is read-only or not yours), and DeepSpeed builds and "
+        f"loads its ops there: set TORCH_EXTENSIONS_DIR to a writable directory")
+
+
+def test_a_read_only_download_cache_names_the_variable_that_moves_it(mount, tmp_path, monkeypatch):
+    """--hellaswag val keeps its download under $XDG_CACHE_HOME/dsgpt (~/.cache/dsgpt): a read-only HOME failed
+    there with `OSError: Read-only file system`."""
+    cache = mount(tmp_path / "cache", "1m", read_only=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with pytest.raises(BadInput) as error:
+        hellaswag.load("val")
+    assert str(error.value) == (f"{cache / 'dsgpt'}: cannot keep HellaSwag's download there (Read-only file system); "
+                                f"set XDG_CACHE_HOME to a writable directory, or pass a local hellaswag_val.jsonl")

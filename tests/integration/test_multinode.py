@@ -182,3 +182,19 @@ def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare
     resumed = losses(records)
     assert sorted(resumed) == [8, 9, 10, 11]
     assert max(abs(resumed[s] / one_node[s] - 1) for s in resumed) < RELATIVE_TOLERANCE["fp32"]
+
+
+def test_a_hostfile_missing_or_with_a_bad_line_is_one_line_from_the_callers_directory(tmp_path):
+    """launch/multinode.sh reads HOSTFILE from the caller's directory: DeepSpeed's launcher trained on one node
+    alone when the file was missing, and answered a bad line with its traceback."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "HOSTFILE": "nodes"}
+
+    def launch():
+        return subprocess.run(["bash", str(REPO / "launch" / "multinode.sh")], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+    proc = launch()
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "error: HOSTFILE=nodes: not a readable file: list every "
+                                                                   "node and its GPUs, one per line ('node1 slots=8')\n")
+    (tmp_path / "nodes").write_text("# two nodes\nnode1 slots=8\n\nnode2 slot=8\n")
+    proc = launch()
+    assert (proc.returncode, proc.stderr) == (2, "error: HOSTFILE=nodes: line 4, 'node2 slot=8', is not 'HOST slots=N'\n")

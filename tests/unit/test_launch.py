@@ -31,3 +31,29 @@ def test_a_value_that_is_no_rank_still_lets_the_error_be_said(monkeypatch):
     monkeypatch.setenv("RANK", "x")
     monkeypatch.setenv("WORLD_SIZE", "y")
     assert (launched_rank(), launched_world_size()) == (0, 1)
+
+
+def test_the_store_hosts_port_is_checked_before_anything_is_written(monkeypatch):
+    """RANK 0 hosts the process group's store on MASTER_PORT (torch's rendezvous failed there with EADDRINUSE, a
+    traceback); under torchrun its agent hosts it, and a group joined before (the tests') has its store."""
+    import socket
+
+    from gpt.runtime import ranks
+
+    monkeypatch.setattr(ranks.dist, "is_initialized", lambda: False)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        environ = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        assert ranks.store_port_problem(environ) == (
+            f"MASTER_PORT={port}: the process group's port is in use on this machine (another run, or another "
+            f"program, holds it): launch with a free one, --master_port N (deepspeed, torchrun)")
+        assert ranks.store_port_problem({**environ, "RANK": "1"}) is None  # a client of rank 0's store
+        assert ranks.store_port_problem({**environ, "TORCHELASTIC_USE_AGENT_STORE": "True"}) is None
+        monkeypatch.setattr(ranks.dist, "is_initialized", lambda: True)
+        assert ranks.store_port_problem(environ) is None
+    monkeypatch.setattr(ranks.dist, "is_initialized", lambda: False)
+    assert ranks.store_port_problem(environ) is None  # released
+    assert ranks.store_port_problem({**environ, "MASTER_PORT": "70000"}) == \
+        "MASTER_PORT='70000': not a port number (1-65535)"
