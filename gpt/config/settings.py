@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
 GPT3_WARMUP_STEPS = 715  # 375M tokens of warmup (GPT-3 paper) at 0.5M tokens per step
+EVAL_EVERY = 250  # steps between HellaSwag evaluations with --hellaswag, as build-nanogpt
 # GPT-2's 50257 padded to a multiple of 128: gpt.model.model.PADDED_VOCAB_SIZE, which tests/unit/test_settings.py keeps equal.
 PADDED_VOCAB_SIZE = 50304
 
@@ -170,7 +171,8 @@ class EvaluationSection(Section):
                                           "val split", at_least=1)
     hellaswag: str | None = setting(
         None, "HellaSwag jsonl, llm.c hellaswag_val.bin, or 'val' (download) to score during training")
-    eval_every: int = setting(250, "HellaSwag every N steps (with --hellaswag)", at_least=1)
+    eval_every: int | None = setting(None, f"HellaSwag every N steps (with --hellaswag; default {EVAL_EVERY})",
+                                     at_least=1, type=int)
     sample_every: int = setting(1000, "print samples every N steps (0: off)", at_least=0)
     sample_tokens: int = setting(64, "new tokens per sample", at_least=1, at_most=MAX_SAMPLE_TOKENS,
                                  why="rank 0 samples while the other ranks wait for it")
@@ -201,8 +203,9 @@ class RunSection(Section):
 class Settings:
     """A run's settings, in sections that each part of the trainer reads alone (the loader the data section, the
     engine the optimizer's). The command line stays flat: one flag per field, named as the field (`--model` and
-    `--data`: model.preset and data.dir). The three left open (None, 'auto') are filled once before launch, by
-    gpt.train.preflight: model.compile and optimizer.warmup_steps, and data.micro_batch 'auto' by the planner."""
+    `--data`: model.preset and data.dir). The four left open (None, 'auto') are filled once before launch, by
+    gpt.train.preflight: model.compile, optimizer.warmup_steps and evaluation.eval_every, and data.micro_batch 'auto'
+    by the planner."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)

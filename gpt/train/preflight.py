@@ -20,7 +20,7 @@ from gpt.model.loss import liger_problem, memory_kind
 from gpt.model.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, preset_config
 from gpt.memory.plan import auto_micro_batch, auto_record, model_memory_problem
 from gpt.train.metrics import profiled_steps_needed
-from gpt.config.settings import GPT3_WARMUP_STEPS, Settings
+from gpt.config.settings import EVAL_EVERY, GPT3_WARMUP_STEPS, Settings
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,8 @@ def check_settings(settings, world_size, device_type, decided=None):
         problems.append(f"--profile {settings.run.profile} needs --max_steps >= "
                         f"{profiled_steps_needed(settings.run.profile)} (1 skipped, 1 warm-up and {settings.run.profile} "
                         f"recorded steps); --max_steps is {settings.optimizer.max_steps}")
+    if settings.evaluation.eval_every is not None and not settings.evaluation.hellaswag:  # given: ignored otherwise
+        problems.append("--eval_every applies to --hellaswag, which is not given")
     warmup_steps = decided.get("warmup_steps", settings.optimizer.warmup_steps)
     if warmup_steps < 0 or warmup_steps > settings.optimizer.max_steps:
         problems.append(f"--warmup_steps {warmup_steps} must lie in [0, --max_steps {settings.optimizer.max_steps}]")
@@ -177,11 +179,11 @@ def model_config(settings):
 
 
 def resolve_defaults(settings, device_type, saved=None, world_size=1):
-    """Decide what the flags left open and the run decides: torch.compile by device; the warmup by run length, or
-    as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on --max_steps, which
-    a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same world size (before
-    FORMAT 2 its data order depended on the micro-batch; else the planner decides, in check_settings, which writes
-    all of it into the settings at once). Returns ({flag: value}, one log line per choice a user may not expect)."""
+    """Decide what the flags left open and the run decides: torch.compile by device; HellaSwag's interval; the warmup
+    by run length, or as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on
+    --max_steps, which a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same
+    world size (before FORMAT 2 its data order depended on the micro-batch; else the planner decides, in
+    check_settings, which writes all of it into the settings at once). Returns ({flag: value}, one log line per choice a user may not expect)."""
     notes, compile, warmup_steps = [], settings.model.compile, settings.optimizer.warmup_steps
     micro_batch = settings.data.micro_batch
     if compile is None:
@@ -201,7 +203,8 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
         micro_batch = saved["args"]["micro_batch"]
         notes.append(f"--micro_batch auto: {micro_batch}, as the checkpoint was saved with (it is older than "
                      f"data positions that any micro-batch continues)")
-    return {"compile": compile, "warmup_steps": warmup_steps, "micro_batch": micro_batch}, notes
+    eval_every = settings.evaluation.eval_every if settings.evaluation.eval_every is not None else EVAL_EVERY
+    return {"compile": compile, "warmup_steps": warmup_steps, "micro_batch": micro_batch, "eval_every": eval_every}, notes
 
 
 def gradient_accumulation(data, world_size):

@@ -415,6 +415,7 @@ TRAIN_CASES = [
     (lambda t: ["--data", with_bad_shard(t, Path.touch)],
      "error: {tmp}/data/x_train_000001.bin: an empty file (0 bytes), not a token shard"),
     (["--reset_data_position"], "error: --reset_data_position applies to --resume, which is not given"),
+    (["--eval_every", "250"], "error: --eval_every applies to --hellaswag, which is not given"),  # even the default
     (lambda t: ["--init_from", hf_dir(t, n_head=3)], "error: {tmp}/hf/config.json: n_embd 64 is not divisible by n_head 3"),
     (lambda t: ["--init_from", hf_dir(t, n_positions=2**40)],
      "error: {tmp}/hf/config.json: n_positions 1099511627776 is beyond any GPT-2 (at most 1048576 here; GPT-2's is "

@@ -81,7 +81,7 @@ def test_what_the_flags_leave_open_is_resolved_in_one_step():
     from gpt.train.preflight import resolve_defaults
     old = {"world_size": 2, "args": {"warmup_steps": 7, "micro_batch": 4}}  # format 1: no "format" recorded
     decided, notes = resolve_defaults(parse(["--micro_batch", "auto", "--max_steps", "80"]), "cpu", old, 2)
-    assert decided == {"compile": False, "warmup_steps": 7, "micro_batch": 4}
+    assert decided == {"compile": False, "warmup_steps": 7, "micro_batch": 4, "eval_every": 250}
     assert notes == ["--micro_batch auto: 4, as the checkpoint was saved with (it is older than data positions "
                      "that any micro-batch continues)"]
     assert resolve_defaults(parse(["--micro_batch", "auto"]), "cpu", old, 1)[0]["micro_batch"] == "auto"
