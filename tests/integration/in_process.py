@@ -31,7 +31,8 @@ def run_main(argv, main=train_ds.main):
     handlers, torch's thread count and deterministic mode, the CPU accelerator's fp16 switch (--cpu_fp16).
     malloc keeps freed memory for the run's next step, as in a run's own process (gpt.runtime.host: 3.9 -> 2.45 s for a
     tiny 6-step run, the kernel's page faults 2.1 -> 0.1 s), and hands it back when the run ends (held, this process's RSS
-    would stay at the largest run's peak, and tests/unit/test_memory.py's freed block would stay resident)."""
+    would stay at the largest run's peak). The heap keeps the holes, unmapped: a later block may be served from one and
+    stay resident once freed, so a test that measures RSS maps its memory itself (tests/unit/test_memory.py)."""
     accelerator = get_accelerator()
     environ, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()

@@ -1,6 +1,6 @@
 """The in-process harness (tests/integration/in_process.py) with whatever handlers pytest or anyone else attaches to
 DeepSpeed's logger: DeepSpeed's console lines land in the run's stderr, every other handler keeps its target,
-and all are as they were afterwards; malloc, set by the run to keep freed memory, unmaps it again afterwards."""
+and all are as they were afterwards; what malloc kept of a run's freed memory is handed back when it ends."""
 import io
 import logging
 import sys
@@ -43,7 +43,7 @@ def resident_bytes():
         return int(statm.read().split()[1]) * 4096
 
 
-def test_after_a_run_that_kept_freed_memory_a_freed_block_is_unmapped_again():
+def test_what_a_run_kept_of_its_freed_memory_is_handed_back_when_it_ends():
     def main(argv):
         keep_freed_memory_in_heap()  # what setup_distributed does in a CPU run
         block = torch.ones(64 * 2**20)  # 256 MiB, kept in the heap once freed
@@ -53,6 +53,3 @@ def test_after_a_run_that_kept_freed_memory_a_freed_block_is_unmapped_again():
     before = resident_bytes()
     assert run_main([], main=main)[0] == 0
     assert resident_bytes() - before < 16 * 2**20  # the run's free memory handed back
-    block = torch.ones(64 * 2**20)
-    del block
-    assert resident_bytes() - before < 16 * 2**20  # and a block freed now is unmapped, as glibc's defaults do
