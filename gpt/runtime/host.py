@@ -223,7 +223,8 @@ def extensions_dir_problem():
     existing = nearest_existing(root)
     if os.access(existing, os.W_OK):  # also EROFS for root, whom permissions do not stop
         return None
-    variable = "TORCH_EXTENSIONS_DIR" if os.environ.get("TORCH_EXTENSIONS_DIR") else "XDG_CACHE_HOME or TORCH_EXTENSIONS_DIR"
+    variable = "TORCH_EXTENSIONS_DIR" if os.environ.get("TORCH_EXTENSIONS_DIR") else \
+        "XDG_CACHE_HOME or TORCH_EXTENSIONS_DIR"
     return (f"{root}: not writable ({existing} is read-only or not yours), and DeepSpeed builds and loads its ops "
             f"there: set {variable} to a writable directory")
 

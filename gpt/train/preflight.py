@@ -183,7 +183,8 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
     by run length, or as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on
     --max_steps, which a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same
     world size (before FORMAT 2 its data order depended on the micro-batch; else the planner decides, in
-    check_settings, which writes all of it into the settings at once). Returns ({flag: value}, one log line per choice a user may not expect)."""
+    check_settings, which writes all of it into the settings at once). Returns ({flag: value}, one log line per
+    choice a user may not expect)."""
     notes, compile, warmup_steps = [], settings.model.compile, settings.optimizer.warmup_steps
     micro_batch = settings.data.micro_batch
     if compile is None:
@@ -203,8 +204,9 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
         micro_batch = saved["args"]["micro_batch"]
         notes.append(f"--micro_batch auto: {micro_batch}, as the checkpoint was saved with (it is older than "
                      f"data positions that any micro-batch continues)")
-    eval_every = settings.evaluation.eval_every if settings.evaluation.eval_every is not None else EVAL_EVERY
-    return {"compile": compile, "warmup_steps": warmup_steps, "micro_batch": micro_batch, "eval_every": eval_every}, notes
+    eval_every = EVAL_EVERY if settings.evaluation.eval_every is None else settings.evaluation.eval_every
+    return {"compile": compile, "warmup_steps": warmup_steps, "micro_batch": micro_batch,
+            "eval_every": eval_every}, notes
 
 
 def gradient_accumulation(data, world_size):
