@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 
@@ -70,10 +71,16 @@ def warn(line):
     say0(f"warning: {line}", sys.stderr)
 
 
+SILENT_RANK_WAIT_S = 5.0
+
+
 def exit_with(problem, status=1, every_rank=False, hard=False):
     """End the command: `error: <line>` on stderr for each line of `problem` (text, an exception or a list of lines),
     from rank 0 only, or from every rank, each line prefixed with it, when ranks fail apart; then exit with
     `status` on every rank. The console scripts exit 1 on bad input, the trainer 2 (1: a run that stopped).
+    A rank that leaves the saying to rank 0 waits up to SILENT_RANK_WAIT_S first: the launcher ends every rank once
+    one exits non-zero, and rank 0 ended that way before its line said `stopped by SIGTERM during start-up` in
+    place of the problem (a refused out_dir on 2 ranks, seen in the suite).
     hard: exit without the interpreter's teardown (os._exit), whose C++ destructors of a process group can abort
     the process when a peer rank has already gone."""
     lines = [str(p) for p in problem if p] if isinstance(problem, list) else [str(problem)]
@@ -82,6 +89,8 @@ def exit_with(problem, status=1, every_rank=False, hard=False):
         text = f"[rank {launched_rank()}] {text}"
     if every_rank or launched_rank() == 0:
         say("error: " + text.replace("\n", "\nerror: "), sys.stderr)
+    elif not hard and launched_world_size() > 1:
+        time.sleep(SILENT_RANK_WAIT_S)  # rank 0 says it and exits; the launcher then ends this rank
     if hard:
         sys.stdout.flush()
         os._exit(status)

@@ -11,8 +11,9 @@ os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported; runs start
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
-# bf16 and fp16 runs: CPUs without bf16 units emulate half-precision matmuls ~90x slower than fp32, and the
-# tiny model's 50304-wide logits matmul is 97% of its FLOPs. With small_vocab_dir it shrinks 100x.
+# The tests' tiny runs (conftest.TINY, on small_vocab_dir): the tiny model's 50304-wide logits matmul is 97% of
+# its FLOPs, and the logits and the loss were ~75% of a tiny step's time on CPU; CPUs without bf16 units emulate
+# half-precision matmuls ~90x slower than fp32. With 512 ids it shrinks 100x.
 SMALL_VOCAB = 512
 
 

@@ -214,10 +214,13 @@ class StopRequest:
         watchdog thread): say line (None: said already), release what a run holds, exit 1."""
         if line:
             self._say(line)
-        host = sys.modules.get("gpt.runtime.host")  # never import here: the main thread may hold the import lock
-        if host is not None:
-            host.release_cpu_comm_buffer()
-        os._exit(1)
+        try:
+            host = sys.modules.get("gpt.runtime.host")  # never import here: the main thread may hold the import lock
+            release = getattr(host, "release_cpu_comm_buffer", None)  # None while host itself is half-imported
+            if release is not None:
+                release()
+        finally:
+            os._exit(1)
 
     def started(self):
         """The first step begins: from now on a stop finishes the step and saves. A start-up stop that is still

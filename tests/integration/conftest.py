@@ -22,14 +22,19 @@ from in_process import run_main
 
 FP32_CONFIG = "ds_configs/zero2_fp32.json"
 # A tiny model and batch that keep each run to seconds on 2 CPU cores, in fp32: fast on every CPU. Tests
-# about another precision or config pass their own --ds_config after these (argparse keeps the last).
+# about another precision or config pass their own --ds_config after these (argparse keeps the last). Its data is
+# small_vocab_dir: with GPT-2's 50304 ids the logits and the loss were ~75% of a step (tests/common.py); a test
+# about GPT-2's own tokens (text, HellaSwag, the stored loss curve) adds GPT2_VOCAB and reads shakespeare_dir, and
+# so does a drill whose signal must land before the run's last step (steps of ~0.25 s, not ~0.03 s).
 TINY = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--warmup_steps", "2",
-        "--val_every", "0", "--sample_every", "0", "--seed", "1234", "--ds_config", FP32_CONFIG]
-HALF = ["--vocab_size", str(SMALL_VOCAB)]  # bf16 and fp16 runs, on small_vocab_dir (common.SMALL_VOCAB says why)
+        "--val_every", "0", "--sample_every", "0", "--seed", "1234", "--ds_config", FP32_CONFIG,
+        "--vocab_size", str(SMALL_VOCAB)]
+GPT2_VOCAB = ["--vocab_size", "50304"]  # the tiny preset's own: GPT-2's 50257 tokens padded to a multiple of 64
 # Bounds on the largest relative difference of a loss from the uninterrupted run's after a resume on another world
 # size, ZeRO stage or micro-batch (test_resume_anywhere.py): the sums of a step's gradients go in another
 # order. Measured (2026-11-24, AMD EPYC with AVX512-BF16), fp32: 2 -> 1 rank 9.1e-8 (ZeRO 1), 9.3e-8 (ZeRO 2), 0.0
-# (ZeRO 0); 1 -> 2 ranks 0.0; micro_batch 4 -> 2 1.8e-7. bf16 (BF16_Optimizer <-> ZeRO 2): 2 -> 1 1.1e-5, 1 -> 2 6.3e-6.
+# (ZeRO 0); 1 -> 2 ranks 0.0; micro_batch 4 -> 2 1.8e-7 (with GPT-2's vocabulary; TINY's 512 ids since 2026-11-28,
+# within the same bounds). bf16 (BF16_Optimizer <-> ZeRO 2): 2 -> 1 1.1e-5, 1 -> 2 6.3e-6.
 RELATIVE_TOLERANCE = {"fp32": 1e-6, "bf16": 2e-4}
 # Emulates a CPU without bf16 units (an AVX2-only AMD EPYC) on any x86 CPU: oneDNN and ATen stop at AVX2,
 # so bf16 matmuls are converted in software, 50-100x slower than fp32.
@@ -40,7 +45,7 @@ NO_BF16_UNITS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 def trained_checkpoint(tmp_path_factory, shakespeare_dir):
     """The checkpoints/ directory of a 3-step tiny run on Shakespeare (trained once per session)."""
     out = tmp_path_factory.mktemp("trained")
-    train(out, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3")
+    train(out, shakespeare_dir, *TINY, *GPT2_VOCAB, "--max_steps", "3", "--total_batch_tokens", "512", "--lr", "3e-3")
     return out / "checkpoints"
 
 
@@ -121,7 +126,7 @@ def assert_exit_0(proc):
 def two_rank_run(*args, ds_config=None, script="train_ds.py", ranks=2):
     """A 2-rank run for @pytest.mark.two_rank_runs({name: two_rank_run(...)}): the script's flags but --out_dir,
     where '{runs}' is the directory that holds every such run's out_dir (a run named NAME writes to {runs}/NAME)
-    and '{FIXTURE}' a session fixture's path (e.g. {shakespeare_dir}). ds_config: write_ds_config's arguments
+    and '{FIXTURE}' a session fixture's path (e.g. {small_vocab_dir}). ds_config: write_ds_config's arguments
     for a derived DeepSpeed JSON, passed last. script: train_ds.py or another of two_rank_runs.py's MAINS (by file
     name). ranks=1: a train_ds.py run on one rank, in the test process before the launch (one that a 2-rank run
     resumes from)."""
@@ -131,7 +136,7 @@ def two_rank_run(*args, ds_config=None, script="train_ds.py", ranks=2):
 def background_run(*argv, env=None):
     """A command for @pytest.mark.background_runs({name: background_run(...)}): argv run from the repository
     root with these extra environment variables, where '{out}' is a directory of its own, '{port}' a free port
-    and '{FIXTURE}' a session fixture's path (e.g. {shakespeare_dir})."""
+    and '{FIXTURE}' a session fixture's path (e.g. {small_vocab_dir})."""
     return {"argv": list(argv), "env": env or {}}
 
 

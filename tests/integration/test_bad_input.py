@@ -562,7 +562,7 @@ TWO_RANK_CASES = {
 
 
 @pytest.mark.two_rank_runs({f"bad_input_{case}": two_rank_run(
-    "--data", "{shakespeare_dir}", "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
+    "--data", "{small_vocab_dir}", "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
     "--total_batch_tokens", "1024", *flags) for case, (flags, _) in TWO_RANK_CASES.items()})
 @pytest.mark.parametrize("case", TWO_RANK_CASES)
 def test_two_ranks_say_it_once_and_exit_2(two_rank_runs, case):
@@ -637,7 +637,7 @@ def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tm
 
 
 @pytest.mark.slow
-def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_dir, tmp_path):
+def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(small_vocab_dir, tmp_path):
     """The data-loss case on 2 ranks: said once, exit 2, the earlier run's files untouched."""
     out = tmp_path / "out"
     out.mkdir()
@@ -645,7 +645,7 @@ def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_d
     before = snapshot(out)
     proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
                            "--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
-                           "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(shakespeare_dir),
+                           "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(small_vocab_dir),
                            "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
@@ -654,7 +654,7 @@ def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(shakespeare_d
     assert snapshot(out) == before
 
 
-def test_unreadable_init_from_weights_are_one_line(shakespeare_dir, tmp_path):
+def test_unreadable_init_from_weights_are_one_line(small_vocab_dir, tmp_path):
     """--init_from's weights are read once, after launch: a damaged file is still one line and exit 1."""
     from conftest import TINY, train
     from gpt.model.model import PRESETS
@@ -665,7 +665,7 @@ def test_unreadable_init_from_weights_are_one_line(shakespeare_dir, tmp_path):
                                                     "n_embd": tiny.n_embd, "n_positions": tiny.block_size,
                                                     "vocab_size": 50257}))
     (hf_dir / "model.safetensors").write_bytes(b"garbage" * 10)
-    _, proc = train(tmp_path / "out", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "1024",
+    _, proc = train(tmp_path / "out", small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "1024",
                     "--init_from", str(hf_dir), check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
@@ -716,12 +716,12 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
         f"more ranks with ZeRO 1 or 2, or a device with more memory ({str(error)[:200]})\n")
 
 
-def test_a_world_size_left_in_the_shell_is_one_line_before_anything_is_planned(shakespeare_dir, tmp_path):
+def test_a_world_size_left_in_the_shell_is_one_line_before_anything_is_planned(small_vocab_dir, tmp_path):
     """A WORLD_SIZE exported by an earlier session, no launcher: the batch would be planned for 2 ranks and trained on
     1, silently. One line naming the variable, exit 2, nothing written."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
-                           "--total_batch_tokens", "512", "--data", str(shakespeare_dir), "--out_dir", str(out)],
+                           "--total_batch_tokens", "512", "--data", str(small_vocab_dir), "--out_dir", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**plain_shell_env(), "WORLD_SIZE": "2"})
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -745,11 +745,11 @@ def test_an_accelerator_deepspeed_does_not_know_is_one_line_and_exit_2(command):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
 @pytest.mark.parametrize("asked", ["cuda", "xpu"])
-def test_an_accelerator_this_machine_lacks_is_one_line_and_exit_2_with_nothing_written(asked, tmp_path, shakespeare_dir):
+def test_an_accelerator_this_machine_lacks_is_one_line_and_exit_2_with_nothing_written(asked, tmp_path, small_vocab_dir):
     """DeepSpeed takes DS_ACCELERATOR=cuda on trust (the run failed in its first CUDA call, `Torch not compiled with
     CUDA enabled`), and raises its own traceback for one it knows whose support is not installed (xpu, npu, mps, ...)."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--data", str(shakespeare_dir),
+    proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--data", str(small_vocab_dir),
                            "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**plain_shell_env(), "DS_ACCELERATOR": asked})
     assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]
@@ -763,7 +763,7 @@ def test_an_accelerator_this_machine_lacks_is_one_line_and_exit_2_with_nothing_w
         assert line.endswith("; unset it to let DeepSpeed detect the device")
 
 
-def test_a_master_port_in_use_is_one_line_and_exit_2_with_nothing_written(tmp_path, shakespeare_dir):
+def test_a_master_port_in_use_is_one_line_and_exit_2_with_nothing_written(tmp_path, small_vocab_dir):
     """A launcher's MASTER_PORT that another program holds: torch's rendezvous failed with EADDRINUSE, a traceback."""
     import socket
 
@@ -772,7 +772,7 @@ def test_a_master_port_in_use_is_one_line_and_exit_2_with_nothing_written(tmp_pa
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--data", str(shakespeare_dir),
+        proc = subprocess.run([sys.executable, "train_ds.py", "--model", "tiny", "--data", str(small_vocab_dir),
                                "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
                               env={**plain_shell_env(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})

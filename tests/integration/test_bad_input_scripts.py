@@ -434,13 +434,13 @@ def snapshot(*directories):
 @pytest.mark.parametrize("script, arguments, expected", CASES,
                          ids=[f"{s}:{a.split(' --out_dir')[0][:60]}" for s, a, _ in CASES])
 def test_bad_input_is_one_line_exit_1_and_changes_nothing(script, arguments, expected, bad_files, trained_checkpoint,
-                                                          shakespeare_dir, tmp_path, capsys, monkeypatch):
+                                                          small_vocab_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # the scripts' default paths (ds_configs/...) are relative to the repository
     if "--device cuda" in arguments or "--measure" in arguments:  # a machine without CUDA, also on one with a GPU
         monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     out = tmp_path / "out"
-    names = {"in": bad_files, "out": out, "ckpt": trained_checkpoint, "data": shakespeare_dir}
-    before = snapshot(bad_files, trained_checkpoint.parent, shakespeare_dir)
+    names = {"in": bad_files, "out": out, "ckpt": trained_checkpoint, "data": small_vocab_dir}
+    before = snapshot(bad_files, trained_checkpoint.parent, small_vocab_dir)
     with pytest.raises(SystemExit) as exit_info:
         SCRIPTS[script]([a.format(**names) for a in arguments.split()])
     code, err = exit_info.value.code, capsys.readouterr().err
@@ -451,7 +451,7 @@ def test_bad_input_is_one_line_exit_1_and_changes_nothing(script, arguments, exp
     assert code == 1 and len(lines) == 1, err
     assert lines[0].startswith(expected[:-3]) if expected.endswith("...") else lines[0] == expected
     assert "Traceback" not in err
-    assert snapshot(bad_files, trained_checkpoint.parent, shakespeare_dir) == before and not out.exists()
+    assert snapshot(bad_files, trained_checkpoint.parent, small_vocab_dir) == before and not out.exists()
 
 
 def test_the_flagged_cases_are_accepted_on_purpose(trained_checkpoint, bad_files, tmp_path, capsys):

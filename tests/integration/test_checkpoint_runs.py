@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import HALF, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
+from conftest import GPT2_VOCAB, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
 from gpt.train import checkpoint, resume, universal
 from gpt.console import BadInput
 
@@ -54,11 +54,9 @@ AVX512_BF16_WITHOUT_AMX = "avx512_bf16" in CPU_FLAGS and "amx_bf16" not in CPU_F
 def resume_runs(stage, precision, ranks):
     """The uninterrupted run and its resume from step 2: (name, data fixture, flags) of each. '{runs}': the
     directory that holds both out_dirs."""
-    # bf16 in a small vocabulary: fast also where bf16 matmuls are emulated
-    data, vocab = ("small_vocab_dir", HALF) if precision == "bf16" else ("shakespeare_dir", [])
     whole, resumed = f"whole_{stage}_{precision}_{ranks}", f"resumed_{stage}_{precision}_{ranks}"
-    return [(whole, data, [*RESUMABLE, *vocab]),
-            (resumed, data, [*RESUMABLE, *vocab, "--resume", f"{{runs}}/{whole}/checkpoints/step_00000004"])]
+    return [(whole, "small_vocab_dir", RESUMABLE),
+            (resumed, "small_vocab_dir", [*RESUMABLE, "--resume", f"{{runs}}/{whole}/checkpoints/step_00000004"])]
 
 
 RESUMES_ON_TWO_RANKS = {name: two_rank_run("--data", f"{{{data}}}", *flags,
@@ -94,9 +92,9 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, request, 
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, shakespeare_dir):
+def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir):
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
-           "--save_every", "0", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
+           "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if line.startswith("step     3/"):
@@ -108,21 +106,21 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
     (tag,) = checkpoint.complete_tags(tmp_path / "checkpoints")
     stopped_at = int(tag.split("_")[1])
     assert 3 <= stopped_at < 10
-    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", str(stopped_at + 3),
+    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", str(stopped_at + 3),
                           "--total_batch_tokens", "512", "--save_every", "0", "--resume", "auto")
     assert f"at step {stopped_at + 1}" in proc.stdout
 
 
 @pytest.mark.slow
-def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(tmp_path, shakespeare_dir):
+def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(tmp_path, small_vocab_dir):
     """Steps of seconds (a CPU run's can take minutes): a SIGINT is answered on stderr before the step ends; the same
     again, at least AT_ONCE_AFTER_S later, ends the run before the step does, exit 1, without a checkpoint of that
     step: the last complete one stands. The test waits for events (lines), never races the clock: on a machine three
     times slower it passes the same. (tests/unit/test_stops.py: a second signal sooner is the same request.)"""
     from gpt.train.stop import AT_ONCE_AFTER_S
 
-    cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "50", "--total_batch_tokens", "32768",  # ~8 s a step
-           "--save_every", "1", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
+    cmd = [sys.executable, "train_ds.py", *TINY, *GPT2_VOCAB, "--max_steps", "50", "--total_batch_tokens", "32768",  # ~8 s a step
+           "--save_every", "1", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr, stdout = [], []
     answered = threading.Event()
@@ -159,30 +157,30 @@ def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_with
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0]
 
 
-def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path, shakespeare_dir):
+def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path, small_vocab_dir):
     """What the JSON checks accept, a resume accepts: "stage": 2.0 (as a generated JSON may write it) is stage 2 in
     run_config.json, and --resume auto continues the run (it refused its own checkpoint before)."""
     config = write_ds_config(tmp_path / "stage_2.0.json", base="zero2_fp32.json", stage=2.0)
     flags = [*TINY, "--ds_config", config, "--total_batch_tokens", "512", "--save_every", "1"]
-    train(tmp_path / "run", shakespeare_dir, *flags, "--max_steps", "2")
+    train(tmp_path / "run", small_vocab_dir, *flags, "--max_steps", "2")
     saved = json.loads((tmp_path / "run" / "checkpoints" / "step_00000001" / "run_config.json").read_text())
     assert type(saved["zero_stage"]) is int and saved["zero_stage"] == 2
-    records, proc = train(tmp_path / "run", shakespeare_dir, *flags, "--max_steps", "3", "--resume", "auto")
+    records, proc = train(tmp_path / "run", small_vocab_dir, *flags, "--max_steps", "3", "--resume", "auto")
     assert "at step 2" in proc.stdout and [r["step"] for r in records if "loss" in r] == [0, 1, 2]
 
 
-def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_line(tmp_path, shakespeare_dir):
+def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_line(tmp_path, small_vocab_dir):
     """A run killed after its last checkpoint had logged the steps after it, the last line cut mid-write: the resume
     keeps one record per step and a file whose every line parses (it appended a second record of each step before,
     the first glued onto the cut line), and says what it dropped."""
     flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
-    train(tmp_path, shakespeare_dir, *flags, "--max_steps", "5")
+    train(tmp_path, small_vocab_dir, *flags, "--max_steps", "5")
     ckpt = tmp_path / "checkpoints"
     for tag in ("step_00000004", "latest"):  # as if killed after step 4's record, before its save
         shutil.rmtree(ckpt / tag) if (ckpt / tag).is_dir() else (ckpt / tag).unlink()
     with open(tmp_path / "metrics.jsonl", "a") as metrics:
         metrics.write('{"step": 5, "loss": 6.1')  # the kill's cut line
-    records, proc = train(tmp_path, shakespeare_dir, *flags, "--max_steps", "6", "--resume", "auto")
+    records, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "6", "--resume", "auto")
     assert "at step 4" in proc.stdout
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2, 3, 4, 5]
     assert (f"warning: {tmp_path / 'metrics.jsonl'}: 1 record(s) of steps 4 on dropped: this launch trains them "
@@ -190,12 +188,12 @@ def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_l
 
 
 def test_a_checkpoint_whose_bytes_changed_is_passed_over_and_an_old_one_is_said_to_be_unverified(tmp_path,
-                                                                                                shakespeare_dir):
+                                                                                                small_vocab_dir):
     """Bytes overwritten in the middle of the newest checkpoint's optimizer file, its size kept (a failing disk, a bad
     copy): it loaded without a word before, and the loss went NaN. Named, it is refused; --resume auto takes the one
     before and sets it aside. That one's complete.json as older saves wrote it (no checksums): loaded, said unverified."""
     args = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
-    train(tmp_path, shakespeare_dir, *args, "--max_steps", "4")
+    train(tmp_path, small_vocab_dir, *args, "--max_steps", "4")
     ckpt = tmp_path / "checkpoints"
     (optim,) = (ckpt / "step_00000003").glob("*optim_states.pt")
     with open(optim, "r+b") as file:
@@ -208,7 +206,7 @@ def test_a_checkpoint_whose_bytes_changed_is_passed_over_and_an_old_one_is_said_
             json.loads((ckpt / "step_00000003" / "complete.json").read_text())["crc32"][optim.name][0])
     marker = ckpt / "step_00000001" / "complete.json"
     marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "crc32"}))
-    records, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", "5", "--resume", "auto")
+    records, proc = train(tmp_path, small_vocab_dir, *args, "--max_steps", "5", "--resume", "auto")
     assert f"resumed from {ckpt / 'step_00000001'} at step 2" in proc.stdout
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings[:2] == [
@@ -221,23 +219,23 @@ def test_a_checkpoint_whose_bytes_changed_is_passed_over_and_an_old_one_is_said_
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2, 3, 4]
 
 
-def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, shakespeare_dir):
-    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
+def test_auto_resume_with_nothing_saved_is_a_fresh_start(tmp_path, small_vocab_dir):
+    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
                           "--resume", "auto")
     assert "no checkpoint in" in proc.stdout and "fresh start" in proc.stdout
     assert [r["step"] for r in records if "loss" in r] == [0, 1]
 
 
-def test_keep_last_and_keep_every(tmp_path, shakespeare_dir):
-    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "7", "--total_batch_tokens", "512", "--save_every", "1",
+def test_keep_last_and_keep_every(tmp_path, small_vocab_dir):
+    train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "7", "--total_batch_tokens", "512", "--save_every", "1",
           "--keep_last", "2", "--keep_every", "3")
     assert checkpoint.complete_tags(tmp_path / "checkpoints") == [
         "step_00000000", "step_00000003", "step_00000005", "step_00000006"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000006"
 
 
-def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, shakespeare_dir):
-    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--save_every", "2")
+def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, small_vocab_dir):
+    train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--save_every", "2")
     ckpt = tmp_path / "checkpoints"
     # A crash between DeepSpeed's writes and the completion marker: the newest checkpoint has no marker,
     # and `latest` was never moved to it (here it is, to show a bad pointer is not trusted either).
@@ -246,19 +244,19 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, s
     assert resume.find_checkpoint("auto", tmp_path) == ckpt / "step_00000001"
     with pytest.raises(BadInput, match="incomplete checkpoint"):
         resume.find_checkpoint(str(ckpt / "step_00000003"), tmp_path)
-    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512",
+    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "4", "--total_batch_tokens", "512",
                           "--save_every", "2", "--resume", "auto")
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
 
 
 @pytest.mark.slow
-def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(tmp_path, shakespeare_dir, capsys):
+def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(tmp_path, small_vocab_dir, capsys):
     """A file removed from inside a complete step (DeepSpeed: AssertionError) and a truncated one: --resume
     auto, gpt-export and gpt-sample take the step before, saying so once; an explicit damaged path and an
     older step of the same out_dir (whose later steps a resume would overwrite) are refused. The resumed run
     sets the damaged step aside, repeats the uninterrupted run's losses and says which RNG it lacked."""
     args = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "2", "--keep_last", "5"]
-    whole, _ = train(tmp_path, shakespeare_dir, *args)
+    whole, _ = train(tmp_path, small_vocab_dir, *args)
     ckpt = tmp_path / "checkpoints"
     assert checkpoint.complete_tags(ckpt) == ["step_00000001", "step_00000003", "step_00000005"]
     (optim,) = (ckpt / "step_00000005").glob("*optim_states.pt")
@@ -281,7 +279,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
         f"mp_rank_00_model_states.pt has {written // 2} bytes, {written} were written")
 
     (ckpt / "step_00000003" / "rng_rank00000.pt").unlink()  # not damage: said, and the run goes on
-    resumed, proc = train(tmp_path, shakespeare_dir, *args, "--resume", "auto")
+    resumed, proc = train(tmp_path, small_vocab_dir, *args, "--resume", "auto")
     assert f"resumed from {ckpt / 'step_00000003'} at step 4: weights, optimizer, schedule, data position and " \
            f"not the RNG of every rank" in proc.stdout
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
@@ -299,31 +297,31 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
     assert checkpoint.damage(ckpt / "step_00000005") is None and (ckpt / "step_00000005.damaged" / model.name).exists()
 
 
-def test_an_incompatible_checkpoint_is_refused_up_front(tmp_path, shakespeare_dir):
-    train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--save_every", "1", "--keep_last", "1",
+def test_an_incompatible_checkpoint_is_refused_up_front(tmp_path, small_vocab_dir):
+    train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "2", "--save_every", "1", "--keep_last", "1",
           "--total_batch_tokens", "512")
     zero0 = write_ds_config(tmp_path / "zero0.json", stage=0, precision="fp32")
-    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
                           "--n_layer", "3", "--ds_config", zero0, "--resume", "auto", check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'checkpoints' / 'step_00000001'}: cannot resume: n_layer 2 in the checkpoint, 3 now; "
         f"zero_stage 2 in the checkpoint, 0 now (only ZeRO 1 <-> 2 converts)")
-    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
                           "--seq_len", "32", "--seed", "7", "--resume", "auto", check=False)
     assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (2, (
         f"error: {tmp_path / 'checkpoints' / 'step_00000001'}: cannot resume: --seq_len 64 in the checkpoint, 32 now; "
         f"--seed 1234 in the checkpoint, 7 now (the data position depends on them: --reset_data_position starts the "
         f"next epoch in the new order)"))
-    records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
+    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
                           "--micro_batch", "auto", "--resume", "auto")  # a relaunched --micro_batch auto recipe
     assert "--micro_batch auto on CPU" in proc.stdout and "resumed from" in proc.stdout and "at step 2" in proc.stdout
 
 
-def test_a_directory_without_checkpoints_is_a_clear_error(tmp_path, shakespeare_dir):
+def test_a_directory_without_checkpoints_is_a_clear_error(tmp_path, small_vocab_dir):
     """(A path that does not exist: 'not found', in tests/integration/test_bad_input.py's table.)"""
     (tmp_path / "empty").mkdir()
-    _, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--resume", str(tmp_path / "empty"), check=False)
+    _, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "2", "--resume", str(tmp_path / "empty"), check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'empty'}: no complete checkpoint found"
 
@@ -331,7 +329,7 @@ def test_a_directory_without_checkpoints_is_a_clear_error(tmp_path, shakespeare_
 def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, small_vocab_dir):
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 32, "hysteresis": 1, "min_loss_scale": 2.0**32}
     config = write_ds_config(tmp_path / "fp16.json", precision="fp32", fp16=fp16)
-    _, proc = train(tmp_path, small_vocab_dir, *TINY, *HALF, "--max_steps", "3", "--total_batch_tokens", "512",
+    _, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "512",
                     "--ds_config", config, "--cpu_fp16", check=False)
     assert proc.returncode == 1
     message = proc.stderr.strip().splitlines()[-1]
@@ -340,14 +338,14 @@ def test_fp16_loss_scale_at_minimum_ends_with_remedies(tmp_path, small_vocab_dir
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, shakespeare_dir):
+def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, small_vocab_dir):
     """`kill PID` of the `deepspeed` command (DeepSpeed 0.19's runner forwards no signal on one node): the
     ranks notice their launcher is gone (gpt/train/stop.py), finish the step, save and exit; nothing is left
     running. A rank killed outright is tests/integration/test_multinode.py's node-death drill."""
     import psutil
 
     cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py", *TINY, "--max_steps",
-           "500", "--total_batch_tokens", "512", "--save_every", "0", "--data", str(shakespeare_dir), "--out_dir",
+           "500", "--total_batch_tokens", "512", "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir",
            str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -372,20 +370,20 @@ def test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank(tmp_path, s
 
 
 @pytest.mark.slow
-def test_resume_with_another_max_steps(tmp_path, shakespeare_dir):
+def test_resume_with_another_max_steps(tmp_path, small_vocab_dir):
     """At or below the checkpoint's step: nothing left to train, refused before launch. Above it: the schedule
     of the new --max_steps from the resumed step on (said in one line), not the saved lr for one step and then
     a jump."""
     from gpt.train.engine import lr_at
     args = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
-    train(tmp_path, shakespeare_dir, *args, "--max_steps", "4")
+    train(tmp_path, small_vocab_dir, *args, "--max_steps", "4")
     last = tmp_path / "checkpoints" / "step_00000003"
     for max_steps in (4, 3):
-        _, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", str(max_steps), "--resume", "auto", check=False)
+        _, proc = train(tmp_path, small_vocab_dir, *args, "--max_steps", str(max_steps), "--resume", "auto", check=False)
         assert (proc.returncode, proc.stderr) == (2, f"error: --max_steps {max_steps}: nothing left to train: {last} was "
                                                      f"saved after step 3, and --max_steps {max_steps} ends after step "
                                                      f"{max_steps - 1}; raise --max_steps to train on\n")
-    records, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", "8", "--resume", "auto")
+    records, proc = train(tmp_path, small_vocab_dir, *args, "--max_steps", "8", "--resume", "auto")
     lr, warmup, min_lr_ratio = 6e-4, 2, 0.1  # the defaults and TINY's
     assert (f"--max_steps 8 (the checkpoint's run had 4): the lr schedule follows the new flags from here on, its "
             f"cosine decay ending at step 8; lr at step 4 is {lr_at(4, lr, warmup, 8, min_lr_ratio):.4g} (was "
@@ -393,6 +391,6 @@ def test_resume_with_another_max_steps(tmp_path, shakespeare_dir):
     assert [(r["step"], r["lr"]) for r in records if "loss" in r][4:] == [
         (step, pytest.approx(lr_at(step, lr, warmup, 8, min_lr_ratio), rel=1e-12)) for step in range(4, 8)]
     # a larger batch per step is allowed (the data order depends on the micro-batch, not the accumulation): said
-    _, proc = train(tmp_path, shakespeare_dir, *args, "--max_steps", "9", "--resume", "auto", "--total_batch_tokens",
+    _, proc = train(tmp_path, small_vocab_dir, *args, "--max_steps", "9", "--resume", "auto", "--total_batch_tokens",
                     "1024")
     assert "--total_batch_tokens 1,024 (the checkpoint's run had 512): grad_accum 4 from here on" in proc.stdout

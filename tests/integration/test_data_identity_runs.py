@@ -16,10 +16,10 @@ SHARD = "shakespeare_train_000001.bin"
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory, shakespeare_dir):
+def saved(tmp_path_factory, small_vocab_dir):
     """(data directory, out_dir) of a 3-step run that saved step_00000002."""
     root = tmp_path_factory.mktemp("identity")
-    shutil.copytree(shakespeare_dir, root / "data")
+    shutil.copytree(small_vocab_dir, root / "data")
     train(root / "out", root / "data", *RUN)
     return root / "data", root / "out"
 

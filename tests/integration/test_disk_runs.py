@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TINY, plain_shell_env, train
+from conftest import GPT2_VOCAB, REPO, TINY, plain_shell_env, train
 from gpt.console import BadInput
 from gpt.data import hellaswag
 from gpt.train import checkpoint, resume
@@ -36,28 +36,28 @@ def mount(tmp_path):
             subprocess.run(["umount", str(path)], check=False)
 
 
-def test_a_read_only_checkpoints_directory_is_refused_before_training(mount, tmp_path, shakespeare_dir):
+def test_a_read_only_checkpoints_directory_is_refused_before_training(mount, tmp_path, small_vocab_dir):
     out = tmp_path / "out"
     mount(out / "checkpoints", "1m", read_only=True)
-    _, proc = train(out, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", check=False)
+    _, proc = train(out, small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", check=False)
     assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out}: {out / 'checkpoints'} is not writable\n")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]  # nothing written
 
 
-def test_a_read_only_out_dir_is_refused_before_training(mount, tmp_path, shakespeare_dir):
+def test_a_read_only_out_dir_is_refused_before_training(mount, tmp_path, small_vocab_dir):
     out = mount(tmp_path / "out", "1m", read_only=True)
-    _, proc = train(out / "run", shakespeare_dir, *TINY, "--max_steps", "2", check=False)
+    _, proc = train(out / "run", small_vocab_dir, *TINY, "--max_steps", "2", check=False)
     assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out / 'run'}: {out} is not writable\n")
 
 
 @pytest.mark.slow
-def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refused(mount, tmp_path, shakespeare_dir):
+def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refused(mount, tmp_path, small_vocab_dir):
     """The tiny fp32 model's checkpoint is ~52 MB: 80 MB holds one, not two. The second save fails mid-way:
     one line, exit 1, `latest` on the first; the partial step is never loaded. A --resume auto on the still-full
     disk is refused up front, before a run that could not save starts."""
     out = mount(tmp_path / "disk", "80m") / "out"
-    args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "512", "--save_every", "2"]
-    _, proc = train(out, shakespeare_dir, *args, check=False)
+    args = [*TINY, *GPT2_VOCAB, "--max_steps", "4", "--total_batch_tokens", "512", "--save_every", "2"]
+    _, proc = train(out, small_vocab_dir, *args, check=False)
     ckpt = out / "checkpoints"
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
@@ -68,18 +68,18 @@ def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refus
 
     needed = sum(checkpoint.file_sizes(ckpt / "step_00000001").values())
     free = free_bytes(ckpt)
-    _, proc = train(out, shakespeare_dir, *args, "--resume", "auto", check=False)
+    _, proc = train(out, small_vocab_dir, *args, "--resume", "auto", check=False)
     assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out}: no space left on the device: "
                                                  f"{megabytes(free)} free, a checkpoint like step_00000001 needs "
                                                  f"{megabytes(needed)}\n")
 
 
-def test_a_read_only_torch_extensions_dir_is_one_line_and_exit_2_with_nothing_written(mount, tmp_path, shakespeare_dir):
+def test_a_read_only_torch_extensions_dir_is_one_line_and_exit_2_with_nothing_written(mount, tmp_path, small_vocab_dir):
     """DeepSpeed JIT-builds its ops there and takes a lock file there to load one already built: the run failed in
     DeepSpeed's op build with `OSError: Read-only file system`."""
     extensions = mount(tmp_path / "ro", "1m", read_only=True) / "torch_extensions"
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--data", str(shakespeare_dir),
+    proc = subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--data", str(small_vocab_dir),
                            "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**plain_shell_env(), "TORCH_EXTENSIONS_DIR": str(extensions)})
     assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]

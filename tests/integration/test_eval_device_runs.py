@@ -21,10 +21,10 @@ from gpt.train.evaluate import validation_loss
 CPU = torch.device("cpu")
 
 
-def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_checkpoint, shakespeare_dir,
+def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_checkpoint, small_vocab_dir,
                                                                        hellaswag_files, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as here, also on a machine with a GPU
-    args = ["--checkpoint", str(trained_checkpoint), "--data", str(shakespeare_dir), "--seq_len", "64",
+    args = ["--checkpoint", str(trained_checkpoint), "--data", str(small_vocab_dir), "--seq_len", "64",
             "--val_tokens", "2048", "--hellaswag", str(hellaswag_files / "hellaswag_val.jsonl"), "--json"]
     runs = []
     for device in ([], ["--device", "auto"], ["--device", "cpu"]):
@@ -37,7 +37,7 @@ def test_gpt_eval_auto_is_cpu_without_cuda_and_gives_the_fp32_results(trained_ch
     scores = hellaswag.evaluate(model, hellaswag.load(hellaswag_files / "hellaswag_val.jsonl"), CPU,
                                 config.block_size)
     expected = {"device": "cpu", "precision": "fp32",
-                "val_loss": validation_loss(model, ValidationSet(find_shards(shakespeare_dir, "val"), 64, 32, 8), CPU),
+                "val_loss": validation_loss(model, ValidationSet(find_shards(small_vocab_dir, "val"), 64, 32, 8), CPU),
                 "val_tokens": 32 * 64,
                 **{f"hellaswag_{k}": v for k, v in scores.items()}}
     assert runs == [expected] * 3  # equality, not a tolerance
@@ -69,11 +69,11 @@ def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):
 
 
 @pytest.mark.slow
-def test_gpt_eval_json_in_a_plain_shell_prints_only_json(trained_checkpoint, shakespeare_dir, hellaswag_files):
+def test_gpt_eval_json_in_a_plain_shell_prints_only_json(trained_checkpoint, small_vocab_dir, hellaswag_files):
     """As a user runs it (DeepSpeed picking its accelerator and logging as it likes): stdout is one JSON object,
     whatever the logs and the progress bar write (to stderr)."""
     proc = subprocess.run([sys.executable, "-m", "gpt.commands.eval", "--checkpoint", str(trained_checkpoint), "--data",
-                           str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "512", "--hellaswag",
+                           str(small_vocab_dir), "--seq_len", "64", "--val_tokens", "512", "--hellaswag",
                            str(hellaswag_files / "hellaswag_val.jsonl"), "--limit", "4", "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env=plain_shell_env())
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import HALF, NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
+from conftest import NO_BF16_UNITS, REPO, TINY, assert_exit_0, background_run, launcher_argv, train, train_losses
 from gpt.config import hardware
 from gpt.runtime import host
 
@@ -53,7 +53,7 @@ def test_the_cpu_choice_in_a_new_process_is_this_processs():
 
 @pytest.mark.background_runs({"bf16_without_bf16_units": background_run(
     *launcher_argv("deepspeed", 2, "{port}"), "train_ds.py", "--data", "{small_vocab_dir}", "--out_dir", "{out}", *TINY,
-    *HALF, "--ds_config", "ds_configs/zero1_bf16.json", "--max_steps", "2", "--total_batch_tokens", "512",
+    "--ds_config", "ds_configs/zero1_bf16.json", "--max_steps", "2", "--total_batch_tokens", "512",
     env=NO_BF16_UNITS)})
 def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(background_runs):
     proc = background_runs["bf16_without_bf16_units"]
@@ -65,24 +65,24 @@ def test_a_bf16_run_without_bf16_units_warns_once_with_the_config_to_use(backgro
     assert warnings[0].endswith("use ds_configs/zero2_fp32.json")
 
 
-def test_a_short_trial_run_just_works_and_an_explicit_warmup_beyond_it_is_an_error(tmp_path, shakespeare_dir):
+def test_a_short_trial_run_just_works_and_an_explicit_warmup_beyond_it_is_an_error(tmp_path, small_vocab_dir):
     no_warmup = [a for a in TINY if a not in ("--warmup_steps", "2")]
-    records, proc = train(tmp_path / "short", shakespeare_dir, *no_warmup, "--max_steps", "8",
+    records, proc = train(tmp_path / "short", small_vocab_dir, *no_warmup, "--max_steps", "8",
                           "--total_batch_tokens", "256")
     assert "--warmup_steps 0: --max_steps 8 is below the default warmup" in proc.stdout
     assert [r["step"] for r in records if "loss" in r] == list(range(8))
-    _, proc = train(tmp_path / "long", shakespeare_dir, *no_warmup, "--max_steps", "8", "--warmup_steps", "9",
+    _, proc = train(tmp_path / "long", small_vocab_dir, *no_warmup, "--max_steps", "8", "--warmup_steps", "9",
                     check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: --warmup_steps 9 must lie in [0, --max_steps 8]"
 
 
 @pytest.mark.slow
-def test_deterministic_mode_runs_validation_and_sampling_and_changes_nothing_on_cpu(tmp_path, shakespeare_dir):
+def test_deterministic_mode_runs_validation_and_sampling_and_changes_nothing_on_cpu(tmp_path, small_vocab_dir):
     args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--val_every", "2", "--val_tokens", "512",
             "--sample_every", "2", "--sample_tokens", "8"]
-    plain, _ = train(tmp_path / "plain", shakespeare_dir, *args)
-    deterministic, proc = train(tmp_path / "deterministic", shakespeare_dir, *args, "--deterministic")
+    plain, _ = train(tmp_path / "plain", small_vocab_dir, *args)
+    deterministic, proc = train(tmp_path / "deterministic", small_vocab_dir, *args, "--deterministic")
     assert train_losses(deterministic) == train_losses(plain)  # CPU kernels are deterministic already
     assert [r["val_loss"] for r in deterministic if "val_loss" in r] == [r["val_loss"] for r in plain if "val_loss" in r]
     assert "sample at step 2:" in proc.stdout

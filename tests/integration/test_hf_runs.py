@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import TINY, train
+from conftest import GPT2_VOCAB, TINY, train
 from gpt.train.universal import read_weights
 from gpt.console import BadInput
 from gpt.train.hf import export, load_hf_weights
@@ -51,7 +51,7 @@ def test_import_round_trips_and_matches_transformers(trained_checkpoint, tmp_pat
 
 def test_training_starts_from_a_hf_directory(trained_checkpoint, tmp_path, shakespeare_dir):
     export(trained_checkpoint, tmp_path / "hf")
-    records, proc = train(tmp_path / "run", shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
+    records, proc = train(tmp_path / "run", shakespeare_dir, *TINY, *GPT2_VOCAB, "--max_steps", "2", "--total_batch_tokens", "512",
                           "--init_from", str(tmp_path / "hf"))
     assert f"initial weights from {tmp_path / 'hf'}" in proc.stdout
     assert records[0]["loss"] < 10.5  # a fresh initialisation starts at ~10.83

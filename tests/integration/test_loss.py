@@ -87,14 +87,14 @@ def test_the_model_with_the_fused_loss_equals_the_classic_model():
     torch.testing.assert_close(logits, classic_model(x)[0])
 
 
-def test_training_with_the_fused_loss_equals_the_classic_loss(tmp_path, shakespeare_dir):
+def test_training_with_the_fused_loss_equals_the_classic_loss(tmp_path, small_vocab_dir):
     """Default (fused) vs --loss classic, 1 rank fp32: the same losses and validation loss to float rounding.
     (The stored loss curve, recorded with the classic loss, checks 20 fused steps too; the compile tests
     run the fused loss under torch.compile.)"""
     args = [*TINY, "--max_steps", "2", "--total_batch_tokens", "256", "--val_every", "1", "--val_tokens", "1024"]
     runs = {}
     for loss in ("classic", "fused"):
-        records, proc = train(tmp_path / loss, shakespeare_dir, *args, "--loss", loss)
+        records, proc = train(tmp_path / loss, small_vocab_dir, *args, "--loss", loss)
         runs[loss] = train_losses(records) + [r["val_loss"] for r in records if "val_loss" in r]
         assert f"loss: {loss} (" in proc.stdout
         assert all(0.1 < r["peak_rss_gib"] < 24 for r in records if "loss" in r)  # the step's memory, logged
@@ -278,13 +278,13 @@ class UntraceableLoss(torch.autograd.Function):
 
 
 @pytest.mark.slow
-def test_a_loss_kernel_dynamo_cannot_trace_trains_under_compile(tmp_path, shakespeare_dir, monkeypatch):
+def test_a_loss_kernel_dynamo_cannot_trace_trains_under_compile(tmp_path, small_vocab_dir, monkeypatch):
     """--compile compiles the blocks, and the head only around our own losses (gpt.model.model.compile_regions): another
     kernel runs eagerly between them, so compiled training gives eager's losses. Whole-model compile traced it and
     failed at the first step."""
     monkeypatch.setattr(losses, "fused_loss", lambda *args: (UntraceableLoss.apply, "untraceable test kernel"))
     args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512"]
-    eager, _ = train(tmp_path / "eager", shakespeare_dir, *args, "--no-compile")
-    compiled, proc = train(tmp_path / "compiled", shakespeare_dir, *args, "--compile")
+    eager, _ = train(tmp_path / "eager", small_vocab_dir, *args, "--no-compile")
+    compiled, proc = train(tmp_path / "compiled", small_vocab_dir, *args, "--compile")
     assert "loss: fused (untraceable test kernel)" in proc.stdout
     assert train_losses(compiled) == pytest.approx(train_losses(eager), rel=1e-5) and len(train_losses(eager)) == 3

@@ -14,10 +14,10 @@ import pytest
 
 if __name__ == "__main__":  # run as a script (--update): tests/ on the path, as pytest puts it, for common.py
     sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from conftest import REPO, TINY, train, train_losses, write_ds_config  # noqa: E402
+from conftest import GPT2_VOCAB, REPO, TINY, train, train_losses, write_ds_config  # noqa: E402
 
 STORED = REPO / "tests" / "data" / "loss_curve_tiny_fp32.json"
-ARGS = [*TINY, "--max_steps", "20", "--total_batch_tokens", "512", "--lr", "1e-3"]
+ARGS = [*TINY, *GPT2_VOCAB, "--max_steps", "20", "--total_batch_tokens", "512", "--lr", "1e-3"]  # GPT-2 tokens
 # Other CPUs round differently: running with AVX2 or SSE4.2 kernels instead of AVX-512 (ATEN_CPU_CAPABILITY,
 # MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA) moved the 20 losses by at most 1.9e-7 relative; a real change
 # moves them by far more (a 1% higher learning rate: 8.7e-4).

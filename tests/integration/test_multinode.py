@@ -15,10 +15,12 @@ import time
 
 import pytest
 
-from conftest import REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
+from conftest import GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
 from gpt.train import resume
 
-ARGS = [*TINY, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4", "--collective_timeout", "30"]
+# GPT-2's vocabulary: steps long enough (~0.25 s) that the drills' signals land before the run's last step
+ARGS = [*TINY, *GPT2_VOCAB, "--total_batch_tokens", "512", "--max_steps", "12", "--save_every", "4",
+        "--collective_timeout", "30"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def one_node(two_rank_runs):
 
 
 # every test here compares with one_node's run
-pytestmark = pytest.mark.two_rank_runs({"one_node": two_rank_run("--data", "{shakespeare_dir}", *ARGS)})
+pytestmark = pytest.mark.two_rank_runs({"one_node": two_rank_run("--data", "{small_vocab_dir}", *ARGS)})
 
 
 def losses(records):
@@ -113,13 +115,13 @@ def metrics(tmp_path):
     return [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_exactly(tmp_path, shakespeare_dir,
+def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_exactly(tmp_path, small_vocab_dir,
                                                                                        one_node, network):
     """Two drills on one run, the relaunch continuing from the first. Node 1 SIGKILLed: the survivor exits
     with one line, and the relaunch passes over a checkpoint left half-written. Then a SIGTERM to node 0's
     launcher PID alone (as `kill PID` and container runtimes do): both nodes save and stop, every step so far with
     one node's losses step for step (2 nodes = 1 node, and the resume exact)."""
-    nodes = start_nodes(tmp_path, shakespeare_dir, network)
+    nodes = start_nodes(tmp_path, small_vocab_dir, network)
     read_until(nodes[0], "step     6/")  # the checkpoint of step 3 is complete
     os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
     (code0, out0, seconds), (code1, _, _) = finish(nodes)
@@ -135,7 +137,7 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_e
     (ckpt / "latest").write_text(half_written.name)
     assert resume.find_checkpoint("auto", tmp_path / "out") == newest
 
-    nodes = start_nodes(tmp_path, shakespeare_dir, network)
+    nodes = start_nodes(tmp_path, small_vocab_dir, network)
     before = read_until(nodes[0], f"step {newest_step + 2:5d}/")
     nodes[0].send_signal(signal.SIGTERM)  # the launcher's PID alone
     (code0, out0, seconds), (code1, out1, _) = finish(nodes)
@@ -154,7 +156,7 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_e
     assert losses(metrics(tmp_path)) == {step: one_node[step] for step in range(stopped_at + 1)}
 
 
-def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare_dir, one_node):
+def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, small_vocab_dir, one_node):
     """launch/slurm.sbatch's per-node body, as srun would start it on each node: SLURM_* variables, and a
     scontrol that expands the node list (to two loopback addresses: the first is the master)."""
     bin_dir = tmp_path / "bin"
@@ -162,21 +164,21 @@ def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, shakespeare
     (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "127.0.0.1\\n127.0.0.2\\n"\n')
     (bin_dir / "scontrol").chmod(0o755)
     port = free_port()
-    envs = [{**node_env(tmp_path, shakespeare_dir, port, 0), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    envs = [{**node_env(tmp_path, small_vocab_dir, port, 0), "PATH": f"{bin_dir}:{os.environ['PATH']}",
              "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "dsgpt-[01-02]", "SLURM_NNODES": "2",
              "SLURM_NODEID": str(rank), "SLURM_PROCID": str(rank), "SLURM_GPUS_ON_NODE": "1",
              "SLURM_SUBMIT_DIR": str(REPO), "TMPDIR": str(tmp_path)} for rank in (0, 1)]  # its hostfile goes there
     for env in envs:
         for name in ("HOSTFILE", "NODE_RANK", "MASTER_ADDR"):  # the script derives these
             env.pop(name)
-    (code0, out0, _), (code1, out1, _) = finish(start_nodes(tmp_path, shakespeare_dir, script="launch/slurm.sbatch", envs=envs))
+    (code0, out0, _), (code1, out1, _) = finish(start_nodes(tmp_path, small_vocab_dir, script="launch/slurm.sbatch", envs=envs))
     assert code0 == code1 == 0, out0[-3000:] + out1[-2000:]
     assert "nnodes=2, num_local_procs=1, node_rank=1" in out1
     assert "--master_addr=127.0.0.1" in out0
     assert losses(metrics(tmp_path)) == one_node
     # 2 nodes -> 1 node of 1 rank: step 7's checkpoint goes on with Adam's moments and the next global batch
     step_7 = tmp_path / "out" / "checkpoints" / "step_00000007"
-    records, proc = train(tmp_path / "one_rank", shakespeare_dir, *ARGS, "--resume", str(step_7))
+    records, proc = train(tmp_path / "one_rank", small_vocab_dir, *ARGS, "--resume", str(step_7))
     assert f"converted {step_7} to DeepSpeed's universal form" in proc.stdout and "at step 8" in proc.stdout
     resumed = losses(records)
     assert sorted(resumed) == [8, 9, 10, 11]

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, TINY, out_dir_of, succeeded, two_rank_run
 
 
-@pytest.mark.two_rank_runs({"profile": two_rank_run("--data", "{shakespeare_dir}", *TINY, "--max_steps", "4",
+@pytest.mark.two_rank_runs({"profile": two_rank_run("--data", "{small_vocab_dir}", *TINY, "--max_steps", "4",
                                                      "--total_batch_tokens", "1024", "--profile", "2")})
 def test_profile_writes_a_trace_per_rank_for_tensorboard(two_rank_runs):
     _, proc = succeeded(two_rank_runs["profile"])

@@ -23,12 +23,12 @@ def run(*argv):
 
 
 @pytest.mark.slow
-def test_train_then_sample_and_export_in_a_plain_shell(tmp_path, shakespeare_dir):
+def test_train_then_sample_and_export_in_a_plain_shell(tmp_path, small_vocab_dir):
     """train_ds.py with the default DeepSpeed config (zero1_bf16), then gpt-sample and gpt-export on its
     checkpoint."""
     out = tmp_path / "run"
     proc = run("train_ds.py", "--model", "tiny", "--seq_len", "64", "--micro_batch", "2", "--total_batch_tokens",
-               "256", "--max_steps", "2", "--data", str(shakespeare_dir), "--out_dir", str(out), "--val_every", "1",
+               "256", "--max_steps", "2", "--data", str(small_vocab_dir), "--out_dir", str(out), "--val_every", "1",
                "--val_tokens", "256", "--sample_every", "2", "--sample_tokens", "8")
     assert "Setting accelerator to CPU" in proc.stderr  # DeepSpeed chose the device itself
     assert "1 rank(s) x micro_batch 2 x seq_len 64 x grad_accum 2 = 256 tokens/step" in proc.stdout
@@ -48,13 +48,13 @@ def test_train_then_sample_and_export_in_a_plain_shell(tmp_path, shakespeare_dir
 
 
 @pytest.mark.slow
-def test_the_trainer_leaves_its_process_group_when_the_run_ends(tmp_path, shakespeare_dir):
+def test_the_trainer_leaves_its_process_group_when_the_run_ends(tmp_path, small_vocab_dir):
     """train_ds.py run as a script destroys its process group at a normal end (NCCL warns at every GPU run's exit
     of one left standing); checked in the script's process, after its __main__ block."""
     script = ("import runpy, sys, torch.distributed as dist; sys.argv = ['train_ds.py', *sys.argv[1:]]; "
               "runpy.run_path('train_ds.py', run_name='__main__'); print('group left standing:', dist.is_initialized())")
     proc = run("-c", script, "--model", "tiny", "--seq_len", "64", "--micro_batch", "2", "--total_batch_tokens", "128",
-               "--max_steps", "1", "--data", str(shakespeare_dir), "--out_dir", str(tmp_path / "run"),
+               "--max_steps", "1", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path / "run"),
                "--val_every", "0", "--sample_every", "0")
     assert proc.stdout.splitlines()[-1] == "group left standing: False", proc.stdout[-2000:]
 

@@ -17,7 +17,7 @@ from gpt.train.engine import OptimizerSettings
 from gpt.memory import measure
 from gpt.memory.measure import format_report, measure_row, report_header
 from gpt.memory.probe import dividing_sizes, doubling, probe_micro_batch, search_largest
-from conftest import FP32_CONFIG, HALF, REPO, TINY, out_dir_of, succeeded, train, train_losses, two_rank_run
+from conftest import FP32_CONFIG, REPO, TINY, out_dir_of, succeeded, train, train_losses, two_rank_run
 
 SEQ_LEN, VOCAB = 16, 128
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=SEQ_LEN, vocab_size=VOCAB)
@@ -153,7 +153,7 @@ def test_an_error_other_than_out_of_memory_is_not_taken_for_one(single_rank_grou
 
 
 @pytest.mark.two_rank_runs({"probe": two_rank_run(
-    *TINY, *HALF, "--micro_batch", "auto", "--seq_len", "32", "--total_batch_tokens", "2048", "--max_steps", "2",
+    *TINY, "--micro_batch", "auto", "--seq_len", "32", "--total_batch_tokens", "2048", "--max_steps", "2",
     "--data", "{small_vocab_dir}", script="tests/integration/probe_ranks.py")})
 def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(two_rank_runs):
     """Rank 1 runs out above 6 sequences, rank 0 above 12: both take 4 (of 1, 2, 4, ... 32), the trainer's
@@ -177,43 +177,43 @@ def out_of_memory_over_16_sequences(monkeypatch):
     monkeypatch.setattr(losses, "fused_loss", lambda *args: (limited, "chunked, out of memory over 16 sequences"))
 
 
-def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, shakespeare_dir,
+def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, small_vocab_dir,
                                                                                           monkeypatch):
     """--micro_batch auto whose size then runs out of memory in the run's first step (compiled; out-of-memory
     simulated in the loss): the run is built again at the next smaller size that divides the token budget, one line
     each time, and trains as a run started at that size does."""
     out_of_memory_over_16_sequences(monkeypatch)
     args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "2048", "--compile"]
-    auto, proc = train(tmp_path / "auto", shakespeare_dir, *args, "--micro_batch", "auto")
+    auto, proc = train(tmp_path / "auto", small_vocab_dir, *args, "--micro_batch", "auto")
     fallbacks = [line for line in proc.stdout.splitlines() if "falling back" in line]
     assert fallbacks == ["--micro_batch auto: micro-batch 32 ran out of memory in the run's first step; falling back to 16"]
     assert "1 rank(s) x micro_batch 16 x seq_len 64 x grad_accum 2" in proc.stdout
-    fixed, _ = train(tmp_path / "fixed", shakespeare_dir, *args, "--micro_batch", "16")
+    fixed, _ = train(tmp_path / "fixed", small_vocab_dir, *args, "--micro_batch", "16")
     assert train_losses(auto) == pytest.approx(train_losses(fixed), rel=1e-6) and len(train_losses(auto)) == 3
 
 
-def test_a_resume_under_auto_keeps_the_size_its_run_chose_and_a_changed_run_chooses_again(tmp_path, shakespeare_dir,
+def test_a_resume_under_auto_keeps_the_size_its_run_chose_and_a_changed_run_chooses_again(tmp_path, small_vocab_dir,
                                                                                          monkeypatch):
     """--micro_batch auto on a resume: the size the checkpoint's run chose (here by its first step's fallback, which
     the plan cannot know) is kept for the same run on the same device, in one line, with no fallback again, and the
     run goes on bit for bit as the uninterrupted one; a run changed in what the choice depends on chooses again."""
     out_of_memory_over_16_sequences(monkeypatch)
     args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "2048", "--micro_batch", "auto"]
-    whole, proc = train(tmp_path / "whole", shakespeare_dir, *args, "--save_every", "2")
+    whole, proc = train(tmp_path / "whole", small_vocab_dir, *args, "--save_every", "2")
     assert "falling back to 16" in proc.stdout
     step_1 = str(tmp_path / "whole" / "checkpoints" / "step_00000001")
-    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *args, "--resume", step_1)
+    resumed, proc = train(tmp_path / "resumed", small_vocab_dir, *args, "--resume", step_1)
     assert ("--micro_batch auto: kept micro_batch 16 x grad_accum 2, which the checkpoint's run chose for this same "
             "run on cpu") in proc.stdout.splitlines()
     assert "falling back" not in proc.stdout
     assert train_losses(resumed) == train_losses(whole)[2:]  # exact equality, not a tolerance
-    _, proc = train(tmp_path / "changed", shakespeare_dir, *args, "--deterministic", "--resume", step_1)
+    _, proc = train(tmp_path / "changed", small_vocab_dir, *args, "--deterministic", "--resume", step_1)
     assert "kept micro_batch" not in proc.stdout
     assert "micro-batch 32 ran out of memory in the run's first step; falling back to 16" in proc.stdout
 
 
 AUTO_RUN = [*TINY, "--max_steps", "4", "--total_batch_tokens", "2048", "--micro_batch", "auto", "--save_every", "2",
-            "--data", "{shakespeare_dir}"]
+            "--data", "{small_vocab_dir}"]
 
 
 @pytest.mark.two_rank_runs({"auto_whole": two_rank_run(*AUTO_RUN), "auto_resumed": two_rank_run(
@@ -226,14 +226,14 @@ def test_two_ranks_resume_under_auto_at_the_size_their_run_chose(two_rank_runs):
     assert train_losses(resumed) == train_losses(whole)[2:] and len(train_losses(resumed)) == 2
 
 
-def test_auto_exits_with_one_line_when_even_the_smallest_size_runs_out_of_memory(tmp_path, shakespeare_dir,
+def test_auto_exits_with_one_line_when_even_the_smallest_size_runs_out_of_memory(tmp_path, small_vocab_dir,
                                                                                  monkeypatch):
     def never_fits(hidden, weight, targets, real_vocab_size):
         raise torch.OutOfMemoryError("simulated")
 
     monkeypatch.setattr(losses, "fused_loss", lambda *args: (never_fits, "always out of memory"))
     args = [*TINY, "--max_steps", "2", "--total_batch_tokens", "128", "--micro_batch", "auto"]
-    _, proc = train(tmp_path, shakespeare_dir, *args, check=False)
+    _, proc = train(tmp_path, small_vocab_dir, *args, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.splitlines()[-1] == (
         "error: --micro_batch auto: even micro-batch 1 ran out of memory in the run's first step; use ZeRO-2, "

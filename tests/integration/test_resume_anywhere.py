@@ -8,19 +8,19 @@ import shutil
 import pytest
 import torch
 
-from conftest import (HALF, RELATIVE_TOLERANCE, TINY, out_dir_of, reseal, succeeded, train, two_rank_run,
+from conftest import (RELATIVE_TOLERANCE, TINY, out_dir_of, reseal, succeeded, train, two_rank_run,
                       write_ds_config)
 
 # 1024 tokens a step: 2 ranks x micro_batch 4 x seq_len 64 x grad_accum 2, or 1 rank x grad_accum 4
 CHAIN = [*TINY, "--total_batch_tokens", "1024", "--save_every", "2", "--keep_last", "10", "--lr", "3e-3"]
 # name: (the 1-rank runs' DeepSpeed JSON, the 2-rank run's, data fixture, extra flags)
 CASES = {
-    "zero1_fp32": (dict(stage=1, precision="fp32"), dict(stage=1, precision="fp32"), "shakespeare_dir", []),
-    "zero2_fp32": (dict(stage=2, precision="fp32"), dict(stage=2, precision="fp32"), "shakespeare_dir", []),
+    "zero1_fp32": (dict(stage=1, precision="fp32"), dict(stage=1, precision="fp32"), "small_vocab_dir", []),
+    "zero2_fp32": (dict(stage=2, precision="fp32"), dict(stage=2, precision="fp32"), "small_vocab_dir", []),
     # bf16 ZeRO 1 is DeepSpeed's BF16_Optimizer (fp32 gradient accumulation), ZeRO 2 its ZeRO optimizer
-    "bf16_zero2_to_zero1_and_back": (dict(stage=2), dict(stage=1), "small_vocab_dir", HALF),
+    "bf16_zero2_to_zero1_and_back": (dict(stage=2), dict(stage=1), "small_vocab_dir", []),
     # ZeRO 0 needs no conversion: its optimizer state is whole in the checkpoint
-    "zero0_fp32": (dict(stage=0, precision="fp32"), dict(stage=0, precision="fp32"), "shakespeare_dir", []),
+    "zero0_fp32": (dict(stage=0, precision="fp32"), dict(stage=0, precision="fp32"), "small_vocab_dir", []),
 }
 # The chain's first two legs in the session's shared 2-rank launch: the uninterrupted run on one rank (in the test
 # process, before the launch) and its resume from step 1 on two ranks; the test resumes that on one rank again.
@@ -79,10 +79,10 @@ def test_one_rank_then_two_then_one_continue_the_uninterrupted_run(tmp_path, req
     assert min(whole[s] for s in (4, 5)) < whole[0] - 0.5  # it learns: the comparison is between trained weights
 
 
-def test_another_micro_batch_on_the_same_world_size_continues_the_uninterrupted_run(tmp_path, shakespeare_dir):
+def test_another_micro_batch_on_the_same_world_size_continues_the_uninterrupted_run(tmp_path, small_vocab_dir):
     """A V100 node in place of an A800 node: the same ranks, a smaller micro-batch and more accumulation."""
-    whole, _ = train(tmp_path / "whole", shakespeare_dir, *CHAIN, "--max_steps", "4")
-    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *CHAIN, "--max_steps", "4", "--micro_batch", "2",
+    whole, _ = train(tmp_path / "whole", small_vocab_dir, *CHAIN, "--max_steps", "4")
+    resumed, proc = train(tmp_path / "resumed", small_vocab_dir, *CHAIN, "--max_steps", "4", "--micro_batch", "2",
                           "--resume", str(tmp_path / "whole" / "checkpoints" / "step_00000001"))
     assert "weights, optimizer, schedule, data position and RNG" in proc.stdout
     assert "micro_batch 2" in proc.stdout and "grad_accum 8" in proc.stdout
@@ -111,13 +111,13 @@ def as_saved_before_format_2(step_dir):
 
 
 @pytest.mark.two_rank_runs(ZERO2_CHAIN)
-def test_an_older_checkpoint_on_another_world_size_restarts_from_its_weights(tmp_path, shakespeare_dir, two_rank_runs):
+def test_an_older_checkpoint_on_another_world_size_restarts_from_its_weights(tmp_path, small_vocab_dir, two_rank_runs):
     whole_records, _ = succeeded(two_rank_runs["whole_zero2_fp32"])
     _, two_proc = succeeded(two_rank_runs["two_zero2_fp32"])  # its step 3: saved on 2 ranks
     old = tmp_path / "old" / "checkpoints" / "step_00000003"
     shutil.copytree(out_dir_of(two_proc) / "checkpoints" / "step_00000003", old)
     as_saved_before_format_2(old)
-    records, proc = train(tmp_path / "b", shakespeare_dir, *CHAIN, "--max_steps", "6", "--ds_config",
+    records, proc = train(tmp_path / "b", small_vocab_dir, *CHAIN, "--max_steps", "6", "--ds_config",
                           write_ds_config(tmp_path / "ds.json", **CASES["zero2_fp32"][0]), "--resume", str(old))
     assert (f"resumed from {old} at step 4 with WEIGHTS ONLY (saved on 2 rank(s) with ZeRO 2, now 1 with ZeRO 2; "
             f"saved before checkpoints recorded what a conversion needs): optimizer moments restart from zero; "
@@ -130,19 +130,19 @@ def test_an_older_checkpoint_on_another_world_size_restarts_from_its_weights(tmp
     assert steps[1]["loss"] != pytest.approx(whole[5]["loss"], rel=1e-4)  # but Adam's moments are gone
 
 
-def test_an_older_checkpoint_on_its_own_world_size_resumes_exactly(tmp_path, shakespeare_dir):
-    whole, _ = train(tmp_path / "whole", shakespeare_dir, *CHAIN, "--max_steps", "4")
+def test_an_older_checkpoint_on_its_own_world_size_resumes_exactly(tmp_path, small_vocab_dir):
+    whole, _ = train(tmp_path / "whole", small_vocab_dir, *CHAIN, "--max_steps", "4")
     old = tmp_path / "old" / "checkpoints" / "step_00000001"
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_00000001", old)
     as_saved_before_format_2(old)
-    resumed, proc = train(tmp_path / "resumed", shakespeare_dir, *CHAIN, "--max_steps", "4", "--resume", str(old))
+    resumed, proc = train(tmp_path / "resumed", small_vocab_dir, *CHAIN, "--max_steps", "4", "--resume", str(old))
     assert ("weights, optimizer, schedule, data in the order of the checkpoint's run (saved before global batches "
             "were a step's windows: one micro-step of 4 windows each) and RNG") in proc.stdout
     assert losses(resumed) == {s: l for s, l in losses(whole).items() if s >= 2}  # bit for bit
 
 
 @pytest.mark.two_rank_runs(ZERO2_CHAIN)
-def test_a_conversion_that_fails_is_one_line_and_leaves_the_checkpoint_untouched(tmp_path, shakespeare_dir,
+def test_a_conversion_that_fails_is_one_line_and_leaves_the_checkpoint_untouched(tmp_path, small_vocab_dir,
                                                                                  two_rank_runs):
     _, two_proc = succeeded(two_rank_runs["two_zero2_fp32"])
     step = tmp_path / "run" / "checkpoints" / "step_00000005"
@@ -151,7 +151,7 @@ def test_a_conversion_that_fails_is_one_line_and_leaves_the_checkpoint_untouched
     optim.write_bytes(b"\0" * optim.stat().st_size)  # garbled in place, and sealed: what the conversion meets
     reseal(step)
     before = {p.name: p.read_bytes() for p in step.iterdir()}
-    _, proc = train(tmp_path / "b", shakespeare_dir, *CHAIN, "--max_steps", "7", "--ds_config",
+    _, proc = train(tmp_path / "b", small_vocab_dir, *CHAIN, "--max_steps", "7", "--ds_config",
                     write_ds_config(tmp_path / "ds.json", **CASES["zero2_fp32"][0]), "--resume", str(step), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(

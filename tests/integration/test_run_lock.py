@@ -33,27 +33,27 @@ def refusal_line(out):
 
 
 @pytest.mark.slow
-def test_a_second_run_beside_a_live_one_is_refused_and_a_dead_ones_lock_blocks_nothing(tmp_path, shakespeare_dir):
+def test_a_second_run_beside_a_live_one_is_refused_and_a_dead_ones_lock_blocks_nothing(tmp_path, small_vocab_dir):
     out = tmp_path / "out"
-    holder = start_holder([sys.executable, "train_ds.py", *LONG_RUN, "--data", str(shakespeare_dir), "--out_dir",
+    holder = start_holder([sys.executable, "train_ds.py", *LONG_RUN, "--data", str(small_vocab_dir), "--out_dir",
                            str(out)], out)
     try:
         record = json.loads((out / run_lock.LOCK_FILE).read_text())
         assert (record["pid"], record["host"]) == (holder.pid, socket.gethostname())
         for resume in ([], ["--resume", "auto"]):
-            _, proc = train(out, shakespeare_dir, *TINY, "--max_steps", "2", *resume, check=False)
+            _, proc = train(out, small_vocab_dir, *TINY, "--max_steps", "2", *resume, check=False)
             assert (proc.returncode, proc.stderr) == (2, refusal_line(out) + "\n")
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # as the OOM killer would: no chance to clean up
         holder.wait()
     assert (out / run_lock.LOCK_FILE).exists()
-    _, proc = train(out, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--resume", "auto")
+    _, proc = train(out, small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--resume", "auto")
     assert "fresh start" in proc.stdout  # the killed run saved nothing
     assert json.loads((out / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()  # this process held it
 
 
 @pytest.mark.slow
-def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, shakespeare_dir):
+def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, small_vocab_dir):
     """Rank 0 alone takes the lock, after the other ranks passed every check (tests/integration/lock_race.py), on two
     nodes (two launchers of one rank each, as tests/integration/test_multinode.py runs them): node 1's launcher is not
     killed with node 0's, so its rank ends by itself, at once, rather than at the collective timeout (120 s
@@ -66,7 +66,7 @@ def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, 
         nodes = [subprocess.Popen(
             ["deepspeed", "--hostfile", str(tmp_path / "hostfile"), "--master_port", str(port), "--no_ssh",
              "--node_rank", str(node), "--master_addr", "127.0.0.1", "tests/integration/lock_race.py", *LONG_RUN,
-             "--collective_timeout", "120", "--data", str(shakespeare_dir), "--out_dir", str(out)], cwd=REPO,
+             "--collective_timeout", "120", "--data", str(small_vocab_dir), "--out_dir", str(out)], cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True) for node in (0, 1)]
         try:
@@ -83,14 +83,14 @@ def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_two_rank_launch_into_a_held_out_dir_ends_every_rank_at_once(tmp_path, shakespeare_dir):
+def test_a_two_rank_launch_into_a_held_out_dir_ends_every_rank_at_once(tmp_path, small_vocab_dir):
     """A `deepspeed --num_gpus 2` launch into an --out_dir a live run holds (this process, as the test above
     checks a run does): its ranks all end at once, exit 2, the refusal said once; the holder keeps the lock."""
     out = tmp_path / "out"
     held = run_lock.acquire(out)
     try:
         proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
-                               *LONG_RUN, "--data", str(shakespeare_dir), "--out_dir", str(out)],
+                               *LONG_RUN, "--data", str(small_vocab_dir), "--out_dir", str(out)],
                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]

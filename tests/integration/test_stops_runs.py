@@ -89,17 +89,17 @@ def error_lines(output):
 
 @pytest.mark.slow
 def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and_the_port_is_free(
-        tmp_path, shakespeare_dir):
+        tmp_path, small_vocab_dir):
     """Killed at once (before it starts anything), just after it started deepspeed.launcher.launch (the ranks
     start orphaned: the chain was cut before they looked), and after the ranks started (their watchdog sees
     the runner go). Then the port is free."""
     port = free_port()
-    runner = start(tmp_path / "at_once", shakespeare_dir, port=port)
+    runner = start(tmp_path / "at_once", small_vocab_dir, port=port)
     runner.send_signal(signal.SIGTERM)
     assert runner.wait(timeout=30) == -signal.SIGTERM and wait_until_gone(tmp_path / "at_once") < GONE_WITHIN_S
     for name, mark in (("before_the_ranks", "deepspeed.launcher.launch"), ("after", "--local_rank=1")):
         out = tmp_path / name
-        runner = start(out, shakespeare_dir, port=port)
+        runner = start(out, small_vocab_dir, port=port)
         if mark == "deepspeed.launcher.launch":
             wait_for(lambda: children_matching(psutil.Process(runner.pid), mark))
         else:
@@ -124,11 +124,11 @@ def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["foreground", "background job"])
-def test_sigint_during_start_up_is_one_line_without_a_traceback(tmp_path, shakespeare_dir, sigint):
+def test_sigint_during_start_up_is_one_line_without_a_traceback(tmp_path, small_vocab_dir, sigint):
     """Ctrl-C (SIGINT to the process group) soon after train_ds.py started: while it imports torch and DeepSpeed. Also
     in a run started with SIGINT ignored, as a script's `cmd &` or a suite run that way starts it: the stop was lost
     there, and the run trained its 500 steps and exited 0 (issue 50)."""
-    proc = start(tmp_path, shakespeare_dir, launcher="python", sigint=sigint)
+    proc = start(tmp_path, small_vocab_dir, launcher="python", sigint=sigint)
     wait_for(lambda: psutil.Process(proc.pid).num_threads() > 1)  # its stop watchdog: train_ds.py's first line
     os.killpg(proc.pid, signal.SIGINT)
     output = proc.stdout.read()
@@ -165,11 +165,11 @@ def test_a_stop_while_the_main_thread_is_stuck_in_c_code_ends_the_process(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(tmp_path, shakespeare_dir):
+def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(tmp_path, small_vocab_dir):
     """deepspeed.launcher.launch SIGTERMs the survivor, whose next collective fails; the relaunch, on the same
     port, resumes."""
     port = free_port()
-    runner = start(tmp_path, shakespeare_dir, port=port)
+    runner = start(tmp_path, small_vocab_dir, port=port)
     lines = []
     for line in runner.stdout:
         lines.append(line)
@@ -185,7 +185,7 @@ def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(tm
     assert "Traceback" not in output
     # The killed rank's /dev/shm buffer is left; any start on this machine (the suite's other launches too)
     # removes it: test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept checks that.
-    records, proc = train(tmp_path, shakespeare_dir, *ARGS, "--max_steps", "5", "--resume", "auto", ranks=2,
+    records, proc = train(tmp_path, small_vocab_dir, *ARGS, "--max_steps", "5", "--resume", "auto", ranks=2,
                           port=port)
     assert "resumed from" in proc.stdout
     assert [r["step"] for r in records if "loss" in r][-1] == 4
@@ -202,7 +202,7 @@ def hold(path, mapped):
     return process
 
 
-def test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept(tmp_path, shakespeare_dir):
+def test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept(tmp_path, small_vocab_dir):
     """Files in DeepSpeed's name pattern on an address no run uses: one no process holds, one a live process
     has open, one it has mapped. The next start (one rank, in this process) removes only the first."""
     name = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.99_{os.getpid()}_"
@@ -212,7 +212,7 @@ def test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept(tmp_path, 
         for path in (stale, held_open, held_mapped):
             path.write_bytes(b"\0" * 4096)
         holders = [hold(held_open, mapped=False), hold(held_mapped, mapped=True)]
-        records, proc = train(tmp_path, shakespeare_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
+        records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
         # (the line "removed N ... buffer(s)" may come from another start of the suite's, which got there first)
         assert not stale.exists() and held_open.exists() and held_mapped.exists()
     finally:
@@ -243,7 +243,7 @@ def test_a_buffer_opened_while_it_was_being_removed_is_kept(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_a_stale_jit_build_lock_does_not_hang_the_start(tmp_path, shakespeare_dir):
+def test_a_stale_jit_build_lock_does_not_hang_the_start(tmp_path, small_vocab_dir):
     """A build killed mid-way leaves fused_adam/lock; torch would wait for it forever. The start removes it
     (one line) and trains; a lock that a live process holds is left alone."""
     from torch.utils.cpp_extension import get_default_build_root
@@ -261,7 +261,7 @@ def test_a_stale_jit_build_lock_does_not_hang_the_start(tmp_path, shakespeare_di
     live.touch()
     holder = hold(live, mapped=False)
     try:
-        proc = subprocess.run([sys.executable, "train_ds.py", *ARGS, "--max_steps", "2", "--data", str(shakespeare_dir),
+        proc = subprocess.run([sys.executable, "train_ds.py", *ARGS, "--max_steps", "2", "--data", str(small_vocab_dir),
                                "--out_dir", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(extensions)},
                               timeout=900)

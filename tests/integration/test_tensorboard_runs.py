@@ -15,11 +15,11 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, TINY, train
+from conftest import GPT2_VOCAB, REPO, TINY, train
 from gpt.runtime.ranks import free_port
 from gpt.train.metrics import MAIN_HPARAMS, layout, sectioned_tag
 
-ARGS = [*TINY, "--total_batch_tokens", "512", "--lr", "3e-3", "--val_every", "2", "--val_tokens", "512",
+ARGS = [*TINY, *GPT2_VOCAB, "--total_batch_tokens", "512", "--lr", "3e-3", "--val_every", "2", "--val_tokens", "512",
         "--sample_every", "2", "--sample_tokens", "8"]
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
 

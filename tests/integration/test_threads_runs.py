@@ -2,7 +2,7 @@
 from conftest import RELATIVE_TOLERANCE, TINY, train
 
 
-def test_the_same_run_on_one_and_two_threads_agrees_to_tolerance_and_repeats_bit_for_bit(tmp_path, shakespeare_dir,
+def test_the_same_run_on_one_and_two_threads_agrees_to_tolerance_and_repeats_bit_for_bit(tmp_path, small_vocab_dir,
                                                                                          monkeypatch):
     """The cause of two nodes' losses differing from one node's on a 2-core machine, before each node was given
     one thread (tests/integration/test_multinode.py): each node's rank took both cores, one node's 2 ranks one each.
@@ -11,7 +11,7 @@ def test_the_same_run_on_one_and_two_threads_agrees_to_tolerance_and_repeats_bit
     runs = {}
     for threads in (1, 2, 1):
         monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
-        records, _ = train(tmp_path / f"threads_{threads}_{len(runs)}", shakespeare_dir, *TINY, "--max_steps", "4",
+        records, _ = train(tmp_path / f"threads_{threads}_{len(runs)}", small_vocab_dir, *TINY, "--max_steps", "4",
                            "--total_batch_tokens", "256")
         runs.setdefault(threads, []).append([r["loss"] for r in records if "loss" in r])
     assert runs[1][0] == runs[1][1]  # the same thread count: the same bits

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (HALF, TINY, join_single_rank_group, out_dir_of, succeeded, train, two_rank_run,
+from conftest import (GPT2_VOCAB, TINY, join_single_rank_group, out_dir_of, succeeded, train, two_rank_run,
                       write_ds_config)
 from gpt.train import checkpoint, engine as ds_engine, resume, universal
 from gpt.commands.eval import main as evaluate_main
@@ -25,10 +25,11 @@ from gpt.train.engine import OptimizerSettings
 
 STEPS = ["--max_steps", "3", "--total_batch_tokens", "512", "--save_every", "3"]  # one checkpoint: step_00000002
 TAG = "step_00000002"
-RUNS = {f"universal_zero{stage}_fp32": two_rank_run("--data", "{shakespeare_dir}", *TINY, *STEPS,
+# fp32: GPT-2's vocabulary, for the console scripts' samples as GPT-2 text (the console scripts' test below)
+RUNS = {f"universal_zero{stage}_fp32": two_rank_run("--data", "{small_vocab_dir}", *TINY, *GPT2_VOCAB, *STEPS,
                                                     ds_config=dict(stage=stage, precision="fp32"))
         for stage in (1, 2)} | {
-       f"universal_zero{stage}_bf16": two_rank_run("--data", "{small_vocab_dir}", *TINY, *HALF, *STEPS,
+       f"universal_zero{stage}_bf16": two_rank_run("--data", "{small_vocab_dir}", *TINY, *STEPS,
                                                    ds_config=dict(stage=stage))  # zero1_bf16.json's, stage changed
        for stage in (1, 2)}
 uses_runs = pytest.mark.two_rank_runs(RUNS)
@@ -212,7 +213,7 @@ def test_fp16_dynamic_loss_scale_comes_back(tmp_path, small_vocab_dir, monkeypat
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 2, "hysteresis": 1,
             "min_loss_scale": 1}
     config = write_ds_config(tmp_path / "fp16.json", precision="fp32", fp16=fp16)
-    train(tmp_path, small_vocab_dir, *TINY, *HALF, "--max_steps", "5", "--total_batch_tokens", "256",
+    train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "5", "--total_batch_tokens", "256",
           "--ds_config", config, "--cpu_fp16")
     step_dir = tmp_path / "checkpoints" / "step_00000004"
     universal.universal_dir(step_dir)
@@ -302,7 +303,7 @@ def test_what_cannot_be_converted_is_one_line_and_the_checkpoint_stays_untouched
 
 @uses_runs
 def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(two_rank_runs, tmp_path,
-                                                                              shakespeare_dir, capsys):
+                                                                              small_vocab_dir, capsys):
     """gpt-export, gpt-eval and gpt-sample on step_N/universal give what they give on step_N; also a copy of the
     universal form away from its step (the model's shape then from its model-states file). The trainer's --resume
     takes the step, not its universal form."""
@@ -323,7 +324,7 @@ def test_the_console_scripts_read_a_universal_checkpoint_as_they_read_its_step(t
         return capsys.readouterr().out
 
     evaluations = {name: {k: v for k, v in json.loads(script_output(
-        evaluate_main, source, "--data", str(shakespeare_dir), "--seq_len", "64", "--val_tokens", "1024", "--batch",
+        evaluate_main, source, "--data", str(small_vocab_dir), "--seq_len", "64", "--val_tokens", "1024", "--batch",
         "4", "--json").splitlines()[-1]).items() if not k.endswith("_per_s")} for name, source in (
         ("step", step_dir), ("universal", path))}
     assert evaluations["universal"] == evaluations["step"] and "val_loss" in evaluations["step"]

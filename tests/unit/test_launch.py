@@ -57,3 +57,22 @@ def test_the_store_hosts_port_is_checked_before_anything_is_written(monkeypatch)
     assert ranks.store_port_problem(environ) is None  # released
     assert ranks.store_port_problem({**environ, "MASTER_PORT": "70000"}) == \
         "MASTER_PORT='70000': not a port number (1-65535)"
+
+
+@pytest.mark.parametrize("rank, hard, waited", [(0, False, []), (1, False, [5.0]), (1, True, [])])
+def test_a_rank_that_leaves_the_saying_to_rank_0_waits_for_it(monkeypatch, capsys, rank, hard, waited):
+    """The launcher ends every rank once one exits non-zero: a silent rank that exited first cut rank 0 off before
+    its line (a refused out_dir on 2 ranks said `stopped by SIGTERM during start-up` instead). It waits for
+    SILENT_RANK_WAIT_S, in which rank 0 says the line and exits; a hard exit (ranks already apart) does not."""
+    import os
+
+    from gpt import console
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    slept = []
+    monkeypatch.setattr(console.time, "sleep", slept.append)
+    monkeypatch.setattr(os, "_exit", lambda status: (_ for _ in ()).throw(SystemExit(status)))
+    with pytest.raises(SystemExit) as exit_info:
+        console.exit_with("--out_dir x holds an earlier run", 2, hard=hard)
+    assert exit_info.value.code == 2 and slept == waited
+    assert capsys.readouterr().err == ("error: --out_dir x holds an earlier run\n" if rank == 0 else "")

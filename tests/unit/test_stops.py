@@ -201,3 +201,25 @@ def wait_for(find, timeout=60, state=lambda: ""):
             return found
         stop.time.sleep(0.01)
     raise AssertionError(f"timed out {state()}")
+
+
+def test_a_stop_while_the_host_module_is_half_imported_still_exits_at_once(monkeypatch, capfd):
+    """A signal inside gpt.runtime.host's own import (every command imports it first thing): the exit must not need
+    what the module has not defined yet. It raised AttributeError, which an import's bare except could swallow:
+    the run then went on and said its stop twice (issue 50, seen in the suite)."""
+    import types
+
+    class Exited(Exception):
+        pass
+
+    def exit_(status):
+        raise Exited(status)
+    request = stop.StopRequest()
+    try:
+        monkeypatch.setitem(sys.modules, "gpt.runtime.host", types.ModuleType("gpt.runtime.host"))  # half-imported
+        monkeypatch.setattr(stop.os, "_exit", exit_)
+        with pytest.raises(Exited, match="1"):
+            request._exit_now("error: stopped")
+        assert capfd.readouterr().err == "error: stopped\n"
+    finally:
+        request.close()
