@@ -117,6 +117,7 @@ class StopRequest:
         self.starting = True
         self._leaving = False
         self._first_signal_at = None  # in training
+        self.checkpoint_stands = False  # whether a complete checkpoint of this run exists: what a stop at once leaves
         self.launchers = launcher_processes()
         cut = cut_off_launch(self.launchers)
         if cut is not None:
@@ -167,8 +168,9 @@ class StopRequest:
             self._say(f"{name}: finishing this step, then saving and exiting ({name} again, {AT_ONCE_AFTER_S:.0f} s "
                       f"or more from now, stops at once without saving)")
         elif now - self._first_signal_at >= AT_ONCE_AFTER_S:
-            self._exit_now(f"error: stopped at once by a second {name}, without saving: the last complete "
-                           f"checkpoint stands (--resume auto continues from it)")
+            left = ("the last complete checkpoint stands (--resume auto continues from it)" if self.checkpoint_stands
+                    else "this run has no checkpoint yet (a relaunch starts it from step 0)")
+            self._exit_now(f"error: stopped at once by a second {name}, without saving: {left}")
 
     @staticmethod
     def _say(line):
@@ -222,14 +224,20 @@ class StopRequest:
         finally:
             os._exit(1)
 
-    def started(self):
+    def started(self, resumed=False):
         """The first step begins: from now on a stop finishes the step and saves. A start-up stop that is still
         pending here had its exception swallowed on the way (a library catching everything around its call): it
-        ends the run now, as it would have, and is never taken for a stop in training (exit 0 after a step)."""
+        ends the run now, as it would have, and is never taken for a stop in training (exit 0 after a step).
+        resumed: the run continues a checkpoint, which a stop at once leaves standing."""
         if self.starting and self.requested:
             self._leaving = True
             raise self._start_up_stop()
+        self.checkpoint_stands = self.checkpoint_stands or resumed
         self.starting = False
+
+    def saved(self):
+        """A checkpoint of this run is complete (a stop at once from now on leaves it standing)."""
+        self.checkpoint_stands = True
 
     def _end_watchdog(self):
         self._closed.set()

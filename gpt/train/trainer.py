@@ -221,7 +221,7 @@ class Trainer:
         FirstStepOutOfMemory."""
         settings = self.settings
         self.logger.continue_from(start_step)  # a killed run's records of the steps taken again, dropped
-        stop.started()  # from here a stop finishes the step and saves
+        stop.started(resumed=start_step > 0)  # from here a stop finishes the step and saves
         profiler = step_profiler(settings.run.profile, settings.run.out_dir, self.device.type, self.engine.global_rank)
         for step in range(start_step, settings.optimizer.max_steps):
             last = step == settings.optimizer.max_steps - 1
@@ -239,6 +239,7 @@ class Trainer:
             save_every = settings.checkpoint.save_every
             if last or stopping or (save_every and (step + 1) % save_every == 0):
                 self.save(step)
+                stop.saved()
             if stopping:
                 say0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
                 break

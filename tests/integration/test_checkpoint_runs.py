@@ -9,10 +9,11 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
+from conftest import REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
 from gpt.train import checkpoint, resume, universal
 from gpt.console import BadInput
 
@@ -113,14 +114,27 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
 
 @pytest.mark.slow
 def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(tmp_path, small_vocab_dir):
-    """Steps of seconds (a CPU run's can take minutes): a SIGINT is answered on stderr before the step ends; the same
-    again, at least AT_ONCE_AFTER_S later, ends the run before the step does, exit 1, without a checkpoint of that
-    step: the last complete one stands. The test waits for events (lines), never races the clock: on a machine three
-    times slower it passes the same. (tests/unit/test_stops.py: a second signal sooner is the same request.)"""
+    """A resumed run's first step (step 2), then its validation, which takes a minute on a 2-core EPYC (a CPU step
+    can take minutes): a SIGINT there is answered on stderr at once; the same again, at least AT_ONCE_AFTER_S later,
+    ends the run before the step does, exit 1, without a checkpoint of that step: the one before stands. The test
+    waits for events (lines), never races the clock: the validation it interrupts is ~25x the 2 s it waits (only a
+    machine that much faster would end the step first), and a slower machine widens that. The step before it is a
+    tiny one: the drill costs a start-up, not minutes of steps.
+    (tests/unit/test_stops.py: a second signal sooner is the same request; a run with no checkpoint says so.)"""
+    from gpt.data.shards import find_shards, load_shard, write_shard
     from gpt.train.stop import AT_ONCE_AFTER_S
 
-    cmd = [sys.executable, "train_ds.py", *TINY, *GPT2_VOCAB, "--max_steps", "50", "--total_batch_tokens", "32768",  # ~8 s a step
-           "--save_every", "1", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
+    data = tmp_path / "data"  # the Shakespeare train split, and its val split 100 times over: a long validation
+    data.mkdir()
+    for path in find_shards(small_vocab_dir, "train"):
+        shutil.copy(path, data / path.name)
+    val_tokens = np.concatenate([np.asarray(load_shard(p)) for p in find_shards(small_vocab_dir, "val")])
+    write_shard(data / "shakespeare_val_000000.bin", np.tile(val_tokens, 100))
+    out = tmp_path / "run"
+    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "1"]
+    train(out, data, *flags, "--max_steps", "2")  # steps 0 and 1, saved
+    cmd = [sys.executable, "train_ds.py", *flags, "--max_steps", "50", "--val_every", "1", "--resume", "auto",
+           "--data", str(data), "--out_dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr, stdout = [], []
     answered = threading.Event()
@@ -134,27 +148,28 @@ def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_with
     reader.start()
     try:
         for line in proc.stdout:
-            if line.startswith("step     0 | saved"):  # step 1 begins
+            stdout.append(line)
+            if line.startswith("step     2/"):  # step 2 trained; its validation begins
                 break
         proc.send_signal(signal.SIGINT)
         assert answered.wait(timeout=120), "".join(stderr)[-3000:]
         time.sleep(AT_ONCE_AFTER_S + 0.2)  # at least this long after the first arrived
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 1
-        stdout = proc.stdout.read().splitlines()
+        stdout += proc.stdout.readlines()
     finally:
         proc.kill()
         reader.join()
-    # the first answer came before step 1 ended (said at once), and step 1 never ended
-    assert not any(line.startswith("step     1/") for line in stdout), stdout
+    # the first answer came before step 2 ended (said at once), and step 2 never ended: no val_loss, no save
+    assert not any(line.startswith(("step     2 |", "step     3/")) for line in stdout), stdout
     said = [line for line in stderr if line.startswith(("SIGINT", "error"))]
     assert said == [
         f"SIGINT: finishing this step, then saving and exiting (SIGINT again, {AT_ONCE_AFTER_S:.0f} s or more from "
         f"now, stops at once without saving)\n",
         "error: stopped at once by a second SIGINT, without saving: the last complete checkpoint stands (--resume "
         "auto continues from it)\n"]
-    assert checkpoint.complete_tags(tmp_path / "checkpoints") == ["step_00000000"]
-    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0]
+    assert checkpoint.complete_tags(out / "checkpoints")[-1] == "step_00000001"
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
 
 
 def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path, small_vocab_dir):

@@ -96,8 +96,22 @@ def test_in_training_a_stop_is_said_at_once_and_a_second_one_later_ends_the_rank
         request._signal_in_training("SIGTERM", 100.0 + stop.AT_ONCE_AFTER_S - 0.1)  # deepspeed.launcher.launch
         assert exits == [] and capfd.readouterr().err == "" and request.requested == "SIGINT"  # passing the Ctrl-C on
         request._signal_in_training("SIGINT", 100.0 + stop.AT_ONCE_AFTER_S)
-        assert exits == ["error: stopped at once by a second SIGINT, without saving: the last complete checkpoint "
-                         "stands (--resume auto continues from it)"]
+        assert exits == ["error: stopped at once by a second SIGINT, without saving: this run has no checkpoint yet "
+                         "(a relaunch starts it from step 0)"]  # it said a checkpoint stood before (issue 50)
+        request.saved()  # as fit says after each save
+        request._signal_in_training("SIGINT", 101.0 + stop.AT_ONCE_AFTER_S)
+        assert exits[1:] == ["error: stopped at once by a second SIGINT, without saving: the last complete "
+                             "checkpoint stands (--resume auto continues from it)"]
+    finally:
+        request.close()
+
+
+def test_a_resumed_run_has_a_checkpoint_standing_from_its_first_step():
+    request = stop.StopRequest()
+    try:
+        assert not request.checkpoint_stands
+        request.started(resumed=True)
+        assert request.checkpoint_stands
     finally:
         request.close()
 
