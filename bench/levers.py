@@ -31,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from train import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, forget_compiled_code, usable_dtypes,
-                   print_header, print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/train.py
+from train import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, usable_dtypes, print_header,
+                   print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/train.py
 from gpt.config.hardware import peak_flops
 from gpt.model import loss as losses
+from gpt.model.wrap import forget_compiled_code
 from gpt.runtime.memory import is_out_of_memory, peak_memory
 
 # the size each mode measures: (model, seq_len, micro_batch, total tokens per step), timed steps, micro-batch levers

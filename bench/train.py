@@ -61,7 +61,8 @@ from gpt.runtime.ranks import free_port, timed_on_device
 from gpt.train.engine import OptimizerSettings, param_groups
 from gpt.config.hardware import cpu_bf16_units, measure_cpu_peak_flops, peak_flops
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE
-from gpt.model.loss import LOSS_CHOICES, fused_loss, liger_problem
+from gpt.model.loss import KERNELS, kernel_for, loss_problem
+from gpt.model.wrap import forget_compiled_code
 from gpt.memory.plan import engine_state_bytes, measure_activation_bytes, resident_model_state_bytes
 from gpt.train import start
 from gpt.train.trainer import Trainer
@@ -326,7 +327,7 @@ def measure_compile(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     return rows
 
 
-LOSS_KERNELS = ("classic", *(k for k in LOSS_CHOICES if k not in ("fused", "classic")))  # classic first: the target
+LOSS_KERNELS = ("classic", *(k for k in KERNELS if k != "classic"))  # classic first: the target
 
 
 def measure_loss(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep_from, compile, repeats):
@@ -342,7 +343,7 @@ def measure_loss(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep
                                 sequences // size, compile=compile, loss=kernel)
     for kernel in LOSS_KERNELS:
         base = dict(blank_row(LOSS_COLUMNS), model=model, dtype=dtype, loss=kernel, compiled=compile)
-        problem = liger_problem(DEVICE, dtype) if kernel == "liger" else None
+        problem = loss_problem(kernel, DEVICE, dtype)
         if problem:
             rows.append(dict(base, note=f"skipped: {problem}"))
             print_row(rows[-1], LOSS_COLUMNS)
@@ -423,13 +424,6 @@ def auto_micro_batch(settings):
     gc.collect()
     get_accelerator().empty_cache()
     return chosen
-
-
-def forget_compiled_code():
-    """Drop torch.compile's graphs, so that the next compiled model compiles for its own static shapes, as a
-    run does: otherwise a new batch size recompiles with a dynamic batch dimension, and past dynamo's
-    recompile limit (8 per function) the model silently runs eager."""
-    torch._dynamo.reset()
 
 
 def trainer_throughput(settings, repeats):
@@ -717,7 +711,7 @@ def section_runs(settings, usable, data, tmp, results):
         return {"repeats": repeats, **settings[section]}
     speed_variants = " and ".join("compiled" if c else "eager" for c in settings["speed"]["compiles"])
     speed_plain = "compiled " if any(settings["speed"]["compiles"]) else ""
-    fused_kernel = fused_loss(DEVICE, dtypes[-1])[1]
+    fused_kernel = kernel_for("fused", DEVICE, dtypes[-1]).label
     return {
         "overhead": ("trainer step vs plain PyTorch AdamW step (1 process); MFU against the matmul peak",
                      OVERHEAD_COLUMNS, lambda: {"overhead": measure_overhead_and_mfu(

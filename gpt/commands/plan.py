@@ -141,6 +141,7 @@ def measure_here(args, config, plan_for):
 
     from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
     from gpt.memory import measure
+    from gpt.model.wrap import forget_compiled_code
     from gpt.memory.plan import expandable_segments, set_allocator, use_expandable_segments
     from gpt.model.model import GPT
 
@@ -182,7 +183,7 @@ def measure_here(args, config, plan_for):
         for loss in args.loss:
             def new_engine(micro_batch):
                 if args.compile:
-                    torch._dynamo.reset()  # the last size's graphs: this one compiles for its own static shapes
+                    forget_compiled_code()  # the last size's graphs: this one compiles for its own static shapes
                 return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
             plan = plan_for(ds_config, loss, allocator, args.gpu_mem * GiB if args.gpu_mem else total)
             print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",

@@ -107,11 +107,8 @@ class ModelSection(Section):
     n_head: int | None = setting(None, "override the preset's head count", check=positive_problem, type=int)
     vocab_size: int = setting(
         PADDED_VOCAB_SIZE, "GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
-    # loss: one of gpt.model.loss.LOSS_CHOICES (the parser's choices).
-    loss: str = setting(
-        "fused", "fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per "
-                 "sequence), with the device's fastest kernel; chunked / liger: that kernel (liger: CUDA bf16); "
-                 "classic: full fp32 logits")
+    # loss: one of gpt.model.loss.LOSS_CHOICES; the parser's help and choices come from that registry (gpt.commands.train)
+    loss: str = setting("fused", "the loss kernel: fused (the device's fastest) or one of gpt.model.loss.KERNELS")
     compile: bool | None = setting(None, "torch.compile the model (default: on with CUDA, off on CPU)",
                                    action=argparse.BooleanOptionalAction)
 
@@ -270,15 +267,16 @@ def current_default(f, environ=os.environ):
     return type(f.default)(environ[variable]) if variable and variable in environ else f.default
 
 
-def add_setting_arguments(parser, names=None, choices=None):
+def add_setting_arguments(parser, names=None, choices=None, helps=None):
     """A flag per setting, or per setting named: --<flag> with the field's default, help and argparse options; a
-    bool defaulting to False is a switch. choices: flag -> allowed values."""
+    bool defaulting to False is a switch. choices: flag -> allowed values; helps: flag -> its help, where a layer
+    above this one knows it better (the loss kernels' registry)."""
     for flag, (_, f) in ((flag, FIELDS[flag]) for flag in FLAGS):
         if names is not None and flag not in names:
             continue
         options = dict(f.metadata["argparse"])
         if f.metadata["help"] is not None:
-            options["help"] = f.metadata["help"]
+            options["help"] = (helps or {}).get(flag, f.metadata["help"])
         if flag in (choices or {}):
             options["choices"] = choices[flag]
         if f.default is False and "action" not in options:

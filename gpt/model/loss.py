@@ -13,6 +13,7 @@ sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
 Both take the model's real vocabulary size (GPTConfig.real_vocab_size): the columns beyond it (GPT-2's padding)
 get no probability and no gradient, as in the classic loss."""
 import collections
+import dataclasses
 import functools
 
 import torch
@@ -21,9 +22,6 @@ from gpt.model.model import mask_padding
 
 CHUNK_ROWS = 8192  # rows (tokens) of logits alive at a time: 8192 x 50304 fp32 = 1.6 GB at the peak
 LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in chunks, or whole
-# --loss: `fused` is the fastest fused kernel for the device; `chunked` and `liger` name one (to measure them:
-# bench/train.py --only loss); `classic` the full fp32 logits.
-LOSS_CHOICES = ("fused", "chunked", "liger", "classic")
 # The kernel `fused` means on CUDA in bf16: the chunked path until a GPU run of `bench/train.py --only loss` under
 # the trainer's real step says otherwise. Measured in the trainer on an H100 (d12, zero1_bf16, 0.5M tokens/step,
 # micro-batch 128): chunked, bf16 gradient made in the forward pass 481-495k tokens/s at 42.95 GiB (2026-11-26,
@@ -33,9 +31,6 @@ LOSS_CHOICES = ("fused", "chunked", "liger", "classic")
 FUSED_ON_CUDA_BF16 = "chunked"
 
 
-def memory_kind(loss):
-    """A --loss as the memory planner sees it (LOSSES): every fused kernel holds one chunk of logits at most."""
-    return "classic" if loss == "classic" else "fused"
 
 
 def chunk_forward(hidden, weight, targets, real_vocab_size):
@@ -175,14 +170,57 @@ def liger_cross_entropy(hidden, weight, targets, real_vocab_size):
     return liger_fused_linear_cross_entropy(hidden, weight[:real_vocab_size], targets, accum_dtype=torch.float32)
 
 
-def fused_loss(device_type, precision, kernel="fused"):
-    """The fused loss (kernel: 'fused' for the device's default, 'chunked' or 'liger') and its name for the
-    log. Check liger_problem first for 'liger'."""
-    if kernel == "fused" and device_type == "cuda" and precision == "bf16" and FUSED_ON_CUDA_BF16 == "liger":
-        if liger_problem(device_type, precision) is None:
-            kernel = "liger"
-        else:
-            return chunked_cross_entropy, "chunked PyTorch (liger-kernel not installed: pip install -e .[cuda])"
-    if kernel == "liger":
-        return liger_cross_entropy, "liger-kernel fused linear cross-entropy"
-    return chunked_cross_entropy, "chunked PyTorch"
+# -- the registry: what --loss can name ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A --loss kernel: all that the trainer, its checks, the planner, --help and the bench know of it. A new kernel
+    is an entry in KERNELS (and its test); gpt.model.wrap attaches it, in its compiled form under --compile."""
+    label: str  # what the log calls it
+    help: str  # what --help says of it
+    function: object = None  # (hidden, weight, targets, real_vocab_size) -> mean loss; None: the full logits' loss
+    compiled: object = None  # its form under --compile; None: eager between the compiled regions, never traced
+    problem: object = None  # (device_type, precision) -> why it cannot run there, or None
+
+    @property
+    def memory_kind(self):
+        """What the memory planner tells apart (LOSSES): a fused kernel holds one chunk of logits at most."""
+        return "classic" if self.function is None else "fused"
+
+
+# --loss fused is the fastest fused kernel for the device (kernel_for); each of these names one (to measure them:
+# bench/train.py --only loss)
+KERNELS = {
+    "chunked": Kernel("chunked PyTorch", "the chunked PyTorch kernel (any device)", chunked_cross_entropy,
+                      compiled=compiled_chunked_cross_entropy),
+    "liger": Kernel("liger-kernel fused linear cross-entropy", "liger-kernel's (CUDA bf16, pip install -e .[cuda])",
+                    liger_cross_entropy, problem=liger_problem),
+    "classic": Kernel("full fp32 logits", "full fp32 logits"),
+}
+LOSS_CHOICES = ("fused", *KERNELS)
+LOSS_HELP = ("fused: lm_head + cross-entropy chunk by chunk, never the full logits (half the memory per sequence), "
+             "with the device's fastest kernel; " + "; ".join(f"{name}: {k.help}" for name, k in KERNELS.items()))
+
+
+def kernel_for(loss, device_type, precision):
+    """The Kernel --loss `loss` names on this device and precision: 'fused' is FUSED_ON_CUDA_BF16 on CUDA in bf16
+    where it can run, the chunked one everywhere else. A kernel named outright: check loss_problem first."""
+    if loss != "fused":
+        return KERNELS[loss]
+    if device_type == "cuda" and precision == "bf16" and FUSED_ON_CUDA_BF16 != "chunked":
+        best = KERNELS[FUSED_ON_CUDA_BF16]
+        problem = best.problem(device_type, precision) if best.problem else None
+        if problem is None:
+            return best
+        return dataclasses.replace(KERNELS["chunked"], label=f"chunked PyTorch ({problem})")
+    return KERNELS["chunked"]
+
+
+def loss_problem(loss, device_type, precision):
+    """Why --loss `loss` cannot run on this device and precision, or None."""
+    kernel = KERNELS.get(loss)
+    return kernel.problem(device_type, precision) if kernel is not None and kernel.problem else None
+
+
+def memory_kind(loss):
+    """A --loss as the memory planner sees it (LOSSES)."""
+    return "fused" if loss == "fused" else KERNELS[loss].memory_kind

@@ -192,7 +192,7 @@ class GPT(nn.Module):
 
     def head(self, x, targets=None):
         """The last LayerNorm and the loss or the logits, as forward returns them (a region of its own for
-        compile_regions)."""
+        gpt.model.wrap.compile_regions)."""
         x = self.transformer.ln_f(x)
         if targets is not None and self.loss_fn is not None:
             return None, self.loss_fn(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
@@ -204,19 +204,6 @@ class GPT(nn.Module):
         # log-softmax + NLL in fp32 whatever the compute dtype: fp16/bf16 lose too much over 50k classes
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
-
-
-def compile_regions(model, compile_head):
-    """torch.compile applied as torchtitan applies it: each transformer block on its own, in place (parameter
-    names and checkpoints unchanged; the identical blocks share one compiled graph), and the head (ln_f and the
-    loss or logits) only when compile_head (the classic loss: gpt.model.wrap.wrap decides). Any other loss
-    kernel runs eagerly between compiled regions, never traced by dynamo: liger-kernel's fused linear
-    cross-entropy crashed dynamo at step 0 on torch < 2.13 (H100, 2026-11-24), and its issue #1338 reports a
-    wrong loss under it."""
-    for block in model.transformer.h:
-        block.compile()
-    if compile_head:
-        model.head = torch.compile(model.head)
 
 
 def state_dict_mismatch(state, config):

@@ -16,7 +16,7 @@ from gpt.data import hellaswag
 from gpt.config import ds_config as dsc
 from gpt.console import BadInput, say0
 from gpt.data.shards import check_lengths, check_shards, find_shards, fingerprints, unfinished_preparations
-from gpt.model.loss import liger_problem, memory_kind
+from gpt.model.loss import loss_problem, memory_kind
 from gpt.model.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, preset_config
 from gpt.memory.plan import auto_micro_batch, auto_record, model_memory_problem
 from gpt.train.metrics import profiled_steps_needed
@@ -155,8 +155,7 @@ def read_ds_config(settings, device_type):
     if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:
         problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                         f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
-    if settings.model.loss == "liger":
-        problems += [p for p in [liger_problem(device_type, dsc.precision(ds_config))] if p]
+    problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config))] if p]
     return ds_config, problems
 
 

@@ -17,7 +17,7 @@ from gpt.console import BadInput, exit_if, exit_with, launch_problem, launched_r
 from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
 from gpt.memory.probe import dividing_sizes, probe_micro_batch
 from gpt.model.model import GPT, param_count
-from gpt.model.wrap import loss_label
+from gpt.model import wrap
 from gpt.train import resume, run_lock, universal
 from gpt.train.out_dir import check_fresh_out_dir
 from gpt.train.engine import OptimizerSettings, initialize
@@ -127,7 +127,7 @@ def new_engine(setup, micro_batch, grad_accum, initial_weights=True):
         say0(f"initial weights from {settings.checkpoint.init_from}")
     engine = initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(settings.optimizer),
                         settings.model.loss, settings.model.compile)
-    return engine, model, loss_label(settings.model.loss, setup.device.type, setup.precision)
+    return engine, model, wrap.loss_label(settings.model.loss, setup.device.type, setup.precision)
 
 
 def with_micro_batch(setup, micro_batch):
@@ -142,7 +142,7 @@ def forget_compiled_code(setup):
     """Drop torch.compile's graphs after steps at another micro-batch (a probe's, a first step that ran out of
     memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
     if setup.settings.model.compile:
-        torch._dynamo.reset()
+        wrap.forget_compiled_code()
 
 
 def kept_micro_batch(setup):

@@ -3,6 +3,7 @@ own setup -> probe -> build -> one step with --micro_batch auto, the probe calle
 only on a GPU) and the fused loss running out of memory above LIMITS[rank] sequences: a GPU allocator's limit,
 simulated.
 Each rank writes its figures to <out_dir>/probe_rank<N>.json (the ranks' stdout lines can interleave)."""
+import dataclasses
 import json
 import os
 import sys
@@ -22,24 +23,24 @@ LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forw
 def main(argv=None):
     argv = argv or sys.argv[1:]
     settings = parse([a for a in argv if not a.startswith("--local_rank")])  # the launcher adds it
-    limit, real_fused_loss = LIMITS[int(os.environ["RANK"])], losses.fused_loss
+    limit, real_kernel_for = LIMITS[int(os.environ["RANK"])], losses.kernel_for
 
-    def limited_fused_loss(device_type, precision, kernel="fused"):
-        loss_fn, label = real_fused_loss(device_type, precision, kernel)
+    def limited_kernel_for(loss, device_type, precision):
+        kernel = real_kernel_for(loss, device_type, precision)
 
         def limited(hidden, weight, targets, vocab):
             if hidden.shape[0] > limit * settings.data.seq_len:
                 raise torch.OutOfMemoryError(f"simulated: over {limit} sequences")
-            return loss_fn(hidden, weight, targets, vocab)
-        return limited, label
+            return kernel.function(hidden, weight, targets, vocab)
+        return dataclasses.replace(kernel, function=limited, compiled=None)
 
-    losses.fused_loss = limited_fused_loss  # what gpt.model.wrap.wrap calls
+    losses.kernel_for = limited_kernel_for  # what gpt.model.wrap.wrap calls
     try:
         prepared = start.setup(settings)
         planned = prepared.settings.data.micro_batch
         run = Trainer(start.probe(prepared))
     finally:
-        losses.fused_loss = real_fused_loss  # for the runs after this one in the same process
+        losses.kernel_for = real_kernel_for  # for the runs after this one in the same process
     torch.manual_seed(settings.run.seed)
     unprobed_weights = GPT(prepared.model_config).state_dict()
     same_init = all(torch.equal(unprobed_weights[k], v) for k, v in run.model.state_dict().items())

@@ -14,7 +14,7 @@ import torch
 
 from conftest import NO_BF16_UNITS, REPO, background_run
 from gpt.config.hardware import cpu_has_fast_bf16
-from gpt.model.loss import liger_problem
+from gpt.model.loss import loss_problem
 
 
 def bench_smoke_command(*args):
@@ -79,7 +79,7 @@ def assert_loss_section(results, stdout):
     its reason where it cannot run; fused rows against the classic loss's best; the verdict line."""
     rows, dtype = results["loss"], results["loss"][0]["dtype"]
     memory = ["peak_alloc_gib", "peak_reserved_gib"] if results["device"] == "cuda" else ["peak_rss_gib"]
-    liger = liger_problem(results["device"], dtype)
+    liger = loss_problem("liger", results["device"], dtype)
     expected = [("classic", 1, 2, "sweep, fixed"), ("classic", 2, 1, "sweep, auto"), ("chunked", 1, 2, "fixed"),
                 ("chunked", 2, 1, "auto")] + ([] if liger else [("liger", 1, 2, "fixed"), ("liger", 2, 1, "auto")])
     measured = [r for r in rows if r["tokens_per_s"]]

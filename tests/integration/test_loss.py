@@ -1,5 +1,6 @@
 """The fused (chunked) loss equals the classic full-logits loss: loss and gradients, fp32 and half precision,
 in the model and in real training runs, eager and compiled; both over the real vocabulary only."""
+import dataclasses
 import math
 
 import pytest
@@ -106,18 +107,25 @@ def test_fused_means_the_devices_kernel_and_the_others_name_one(monkeypatch):
     """--loss fused: the chunked path everywhere, on CUDA in bf16 too even with liger installed (FUSED_ON_CUDA_BF16,
     until a GPU measurement says otherwise); liger only by name (or that switch), refused off CUDA bf16."""
     def kernel(device, precision, choice="fused"):
-        return losses.fused_loss(device, precision, choice)[1]
-    monkeypatch.setattr(losses, "liger_problem", lambda device, precision: None)  # as if installed
+        return losses.kernel_for(choice, device, precision).label
+
+    def liger_problem(problem):
+        monkeypatch.setitem(losses.KERNELS, "liger", dataclasses.replace(losses.KERNELS["liger"],
+                                                                         problem=lambda device, precision: problem))
+    liger_problem(None)  # as if installed
     assert kernel("cuda", "bf16", "liger") == "liger-kernel fused linear cross-entropy"
     assert kernel("cuda", "bf16") == kernel("cuda", "bf16", "chunked") == kernel("cuda", "fp16") == kernel("cpu", "bf16") \
         == "chunked PyTorch"
     monkeypatch.setattr(losses, "FUSED_ON_CUDA_BF16", "liger")  # the switch a GPU measurement may flip
     assert kernel("cuda", "bf16") == "liger-kernel fused linear cross-entropy"
-    monkeypatch.setattr(losses, "liger_problem", lambda device, precision: "not installed")
-    assert kernel("cuda", "bf16").startswith("chunked PyTorch (liger-kernel not installed")
+    liger_problem("--loss liger needs liger-kernel: pip install -e .[cuda]")
+    assert kernel("cuda", "bf16") == "chunked PyTorch (--loss liger needs liger-kernel: pip install -e .[cuda])"
     monkeypatch.undo()
-    assert losses.liger_problem("cuda", "fp16") == "--loss liger runs on CUDA in bf16 only (this run: cuda, fp16)"
-    assert losses.fused_loss("cpu", "fp32", "chunked")[0] is chunked_cross_entropy
+    assert losses.loss_problem("liger", "cuda", "fp16") == ("--loss liger runs on CUDA in bf16 only (this run: cuda, "
+                                                            "fp16)")
+    assert losses.loss_problem("chunked", "cpu", "fp16") is None and losses.loss_problem("fused", "cpu", "fp16") is None
+    assert losses.kernel_for("chunked", "cpu", "fp32").function is chunked_cross_entropy
+    assert [losses.memory_kind(loss) for loss in losses.LOSS_CHOICES] == ["fused", "fused", "fused", "classic"]
 
 
 def test_the_padded_vocabulary_is_masked_out_of_both_losses_and_the_logits():
@@ -237,8 +245,7 @@ def test_under_compile_the_chunked_loss_keeps_no_logits_for_backward(dtype):
 def test_wrap_compiles_the_head_around_the_classic_loss_only(monkeypatch):
     """Which region torch.compile covers for each kind of loss, and the chunked loss swapped for its compiled
     twin; nothing is traced here (torch.compile is lazy)."""
-    monkeypatch.setattr(losses, "fused_loss", lambda device_type, precision, kernel: (
-        {"chunked": chunked_cross_entropy, "untraceable": UntraceableLoss.apply}[kernel], kernel))
+    monkeypatch.setitem(losses.KERNELS, "untraceable", losses.Kernel("untraceable", "", UntraceableLoss.apply))
     for loss, head_compiled, installed in [("classic", True, None),
                                            ("chunked", False, losses.compiled_chunked_cross_entropy),
                                            ("untraceable", False, UntraceableLoss.apply)]:
@@ -279,10 +286,11 @@ class UntraceableLoss(torch.autograd.Function):
 
 @pytest.mark.slow
 def test_a_loss_kernel_dynamo_cannot_trace_trains_under_compile(tmp_path, small_vocab_dir, monkeypatch):
-    """--compile compiles the blocks, and the head only around our own losses (gpt.model.model.compile_regions): another
+    """--compile compiles the blocks, and the head only around our own losses (gpt.model.wrap.compile_regions): another
     kernel runs eagerly between them, so compiled training gives eager's losses. Whole-model compile traced it and
     failed at the first step."""
-    monkeypatch.setattr(losses, "fused_loss", lambda *args: (UntraceableLoss.apply, "untraceable test kernel"))
+    monkeypatch.setattr(losses, "kernel_for", lambda *args: losses.Kernel("untraceable test kernel", "",
+                                                                          UntraceableLoss.apply))
     args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512"]
     eager, _ = train(tmp_path / "eager", small_vocab_dir, *args, "--no-compile")
     compiled, proc = train(tmp_path / "compiled", small_vocab_dir, *args, "--compile")

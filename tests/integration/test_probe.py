@@ -174,7 +174,8 @@ def out_of_memory_over_16_sequences(monkeypatch):
             raise torch.OutOfMemoryError("simulated: over 16 sequences")
         return chunked_cross_entropy(hidden, weight, targets, real_vocab_size)
 
-    monkeypatch.setattr(losses, "fused_loss", lambda *args: (limited, "chunked, out of memory over 16 sequences"))
+    monkeypatch.setattr(losses, "kernel_for", lambda *args: losses.Kernel("chunked, out of memory over 16 sequences",
+                                                                          "", limited))
 
 
 def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, small_vocab_dir,
@@ -231,7 +232,7 @@ def test_auto_exits_with_one_line_when_even_the_smallest_size_runs_out_of_memory
     def never_fits(hidden, weight, targets, real_vocab_size):
         raise torch.OutOfMemoryError("simulated")
 
-    monkeypatch.setattr(losses, "fused_loss", lambda *args: (never_fits, "always out of memory"))
+    monkeypatch.setattr(losses, "kernel_for", lambda *args: losses.Kernel("always out of memory", "", never_fits))
     args = [*TINY, "--max_steps", "2", "--total_batch_tokens", "128", "--micro_batch", "auto"]
     _, proc = train(tmp_path, small_vocab_dir, *args, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

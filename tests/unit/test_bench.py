@@ -1,7 +1,7 @@
 """bench/train.py's loss section, bookkeeping only: stand-ins for the trainer and --micro_batch auto (its runs:
 tests/integration/test_bench_runs.py)."""
 from common import load_script
-from gpt.model.loss import liger_problem
+from gpt.model.loss import loss_problem
 
 
 def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):
@@ -29,7 +29,7 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
         ("classic", 32, 16, "sweep", 102.0, None), ("classic", 64, 8, "sweep, fixed", None, "out of memory"),
         ("classic", 128, 4, "sweep, auto", None, "out of memory (micro-batch 64 was)"),
         ("chunked", 64, 8, "fixed", 94.0, None), ("chunked", 256, 2, "auto", 106.0, None),
-        ("liger", None, None, None, None, f"skipped: {liger_problem('cpu', 'fp32')}")]
+        ("liger", None, None, None, None, f"skipped: {loss_problem('liger', 'cpu', 'fp32')}")]
     assert [r["ratio_to_classic_best"] for r in rows if r["loss"] == "chunked"] == [94 / 102, 106 / 102]
     assert verdict["fastest"] == "chunked" and verdict["meets_target"] and verdict["keeps_memory_gain"]
     assert verdict["line"] == (
