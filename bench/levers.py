@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from train import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, usable_dtypes, print_header,
-                   print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/train.py
+from harness import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, usable_dtypes, print_header,
+                     print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/harness.py
 from gpt.config.hardware import peak_flops
 from gpt.model import loss as losses
 from gpt.model.wrap import forget_compiled_code

@@ -1,7 +1,17 @@
 """bench/train.py's loss section, bookkeeping only: stand-ins for the trainer and --micro_batch auto (its runs:
 tests/integration/test_bench_runs.py)."""
-from common import load_script
+import sys
+
+from common import REPO, load_script
 from gpt.model.loss import loss_problem
+
+
+def bench_script(monkeypatch, path):
+    """A bench/ script or section as a module, bench/ on sys.path as when it runs (its siblings: harness, sections)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    for name in [name for name in sys.modules if name == "harness" or name.split(".")[0] == "sections"]:
+        monkeypatch.delitem(sys.modules, name)
+    return load_script(path)
 
 
 def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, capsys):
@@ -9,7 +19,7 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
     stand-ins for the trainer and --micro_batch auto: the classic sweep ends at its first out-of-memory, a size
     past it that auto picked is reported out of memory without a run, and the verdict names the fastest fused
     kernel against the classic loss's best and its memory against the classic loss's at the fixed size."""
-    bench = load_script("bench/train.py")
+    bench = bench_script(monkeypatch, "bench/sections/loss.py")
     runs = []
 
     def throughput(settings, repeats):
@@ -20,7 +30,7 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
                     peak_rss_gib=settings.data.micro_batch / 4)
     monkeypatch.setattr(bench, "trainer_throughput", throughput)
     monkeypatch.setattr(bench, "auto_micro_batch", lambda settings: {"classic": 128, "chunked": 256}[settings.model.loss])
-    rows, verdict = bench.measure_loss(tmp_path, tmp_path, "fp32", "d12", 1024, sequences=512, micro_batch=64,
+    rows, verdict = bench.measure(tmp_path, tmp_path, "fp32", "d12", 1024, sequences=512, micro_batch=64,
                                        sweep_from=32, compile=True, repeats=1)
     assert runs == [("classic", 32, 524288), ("classic", 64, 524288), ("chunked", 64, 524288),
                     ("chunked", 256, 524288)]
@@ -39,10 +49,10 @@ def test_loss_section_sweep_out_of_memory_and_verdict(tmp_path, monkeypatch, cap
     assert verdict["line"] in capsys.readouterr().out
 
 
-def test_modes_choose_the_eager_and_compiled_rows_of_the_overhead_and_speed_sections():
+def test_modes_choose_the_eager_and_compiled_rows_of_the_overhead_and_speed_sections(monkeypatch):
     """--modes compiled (launch/gpu_check.sh) keeps a GPU's compiled rows alone; --modes eager on a GPU, or
     compiled on CPU, measures that mode only; both keep the mode's order; other sections are untouched."""
-    bench = load_script("bench/train.py")
+    bench = bench_script(monkeypatch, "bench/train.py")
     gpu, quick = bench.MODES["gpu"], bench.MODES["quick"]
     assert bench.with_modes(gpu, None) is gpu
     assert (gpu["overhead_compile"], gpu["speed"]["compiles"]) == ((False, True), (True, False))

@@ -9,8 +9,8 @@ from common import REPO, load_script
 
 @pytest.fixture
 def levers(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "bench"))  # its harness is bench/train.py, imported as a script's sibling
-    monkeypatch.delitem(sys.modules, "train", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # its harness is bench/harness.py, imported as a script's sibling
+    monkeypatch.delitem(sys.modules, "harness", raising=False)
     return load_script("bench/levers.py")
 
 
