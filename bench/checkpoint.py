@@ -70,6 +70,41 @@ def raw_write_seconds(path, nbytes):
     return seconds
 
 
+def engines(model, config, device):
+    """An engine one step in (so that the optimizer states exist), and the trainer's engine for a universal resume:
+    the same model and JSON with checkpoint.load_universal set."""
+    torch.manual_seed(0)
+    optimizer = OptimizerSettings(lr=6e-4, weight_decay=0.1, warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
+    engine = ds_engine.initialize(GPT(PRESETS[model]), config, micro_batch=1, grad_accum=1, optimizer=optimizer)
+    x = torch.randint(0, GPT2_VOCAB_SIZE, (1, 64), device=device)
+    _, loss = engine(x, x)
+    engine.backward(loss)
+    engine.step()
+    universal_config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+    return engine, ds_engine.initialize(GPT(PRESETS[model]), universal_config, micro_batch=1, grad_accum=1,
+                                        optimizer=optimizer)
+
+
+def measure(engine, universal_engine, out):
+    """Seconds of each measurement in each of REPEATS rounds, alternating (this disk's speed drifts between runs), and
+    the checkpoint's and its universal form's bytes."""
+    seconds = {name: [] for name in ("save", "load", "raw_write", "convert", "universal_load", "checksum")}
+    for repeat in range(REPEATS):
+        took, path = timed(lambda: fsync_tree(checkpoint.save(engine, out, repeat, {"step": repeat},
+                                                              {"world_size": 1}, keep_last=1, keep_every=0)))
+        seconds["save"].append(took)
+        nbytes = tree_bytes(path)
+        seconds["checksum"].append(timed(lambda: checkpoint.checksums(path, list(checkpoint.file_sizes(path))))[0])
+        seconds["load"].append(timed(lambda: checkpoint.load(engine, path))[0])
+        seconds["raw_write"].append(raw_write_seconds(out / "raw.bin", nbytes))
+        shutil.rmtree(path / universal.UNIVERSAL, ignore_errors=True)  # a new step has none; convert anew regardless
+        took, universal_path = timed(lambda: fsync_tree(universal.universal_dir(path)))
+        seconds["convert"].append(took)
+        universal_bytes = tree_bytes(universal_path)
+        seconds["universal_load"].append(timed(lambda: universal.load(universal_engine, path))[0])
+    return seconds, nbytes, universal_bytes
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="d12", choices=sorted(PRESETS))
@@ -79,36 +114,10 @@ def main():
     out = Path(args.out_dir)
     shutil.rmtree(out, ignore_errors=True)
     device = ranks.setup_distributed()
-    config = json.loads(Path(args.ds_config).read_text())
-    torch.manual_seed(0)
-    optimizer = OptimizerSettings(lr=6e-4, weight_decay=0.1, warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
-    engine = ds_engine.initialize(GPT(PRESETS[args.model]), config, micro_batch=1, grad_accum=1, optimizer=optimizer)
-    x = torch.randint(0, GPT2_VOCAB_SIZE, (1, 64), device=device)
-    _, loss = engine(x, x)  # one step, so that the optimizer states exist
-    engine.backward(loss)
-    engine.step()
-    # the trainer's engine for a universal resume: the same model and JSON with checkpoint.load_universal set
-    universal_config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
-    universal_engine = ds_engine.initialize(GPT(PRESETS[args.model]), universal_config, micro_batch=1, grad_accum=1,
-                                            optimizer=optimizer)
-
-    # Alternate the measurements and take medians: this disk's speed drifts between runs.
-    saves, loads, raws, converts, universal_loads, checksums = [], [], [], [], [], []
-    for repeat in range(REPEATS):
-        seconds, path = timed(lambda: fsync_tree(checkpoint.save(engine, out, repeat, {"step": repeat},
-                                                                 {"world_size": 1}, keep_last=1, keep_every=0)))
-        saves.append(seconds)
-        nbytes = tree_bytes(path)
-        checksums.append(timed(lambda: checkpoint.checksums(path, list(checkpoint.file_sizes(path))))[0])
-        loads.append(timed(lambda: checkpoint.load(engine, path))[0])
-        raws.append(raw_write_seconds(out / "raw.bin", nbytes))
-        shutil.rmtree(path / universal.UNIVERSAL, ignore_errors=True)  # a new step has none; convert anew regardless
-        seconds, universal_path = timed(lambda: fsync_tree(universal.universal_dir(path)))
-        converts.append(seconds)
-        universal_bytes = tree_bytes(universal_path)
-        universal_loads.append(timed(lambda: universal.load(universal_engine, path))[0])
+    seconds, nbytes, universal_bytes = measure(*engines(args.model, json.loads(Path(args.ds_config).read_text()),
+                                                        device), out)
     save_s, load_s, raw_s, convert_s, universal_load_s, checksum_s = (
-        float(np.median(v)) for v in (saves, loads, raws, converts, universal_loads, checksums))
+        float(np.median(seconds[name])) for name in ("save", "load", "raw_write", "convert", "universal_load", "checksum"))
     params, target_params = param_count(PRESETS[args.model]), param_count(PRESETS[EXTRAPOLATE_TO])
     scale = target_params / params
     results = {"model": args.model, "ds_config": args.ds_config, "params": params, "checkpoint_bytes": nbytes,
@@ -118,9 +127,7 @@ def main():
                "checksum_s": checksum_s, "checksum_vs_save": checksum_s / save_s,
                "convert_s": convert_s, "universal_bytes": universal_bytes,
                "universal_vs_checkpoint_bytes": universal_bytes / nbytes, "convert_vs_save": convert_s / save_s,
-               "universal_load_s": universal_load_s,
-               "all_save_s": saves, "all_load_s": loads, "all_raw_write_s": raws, "all_convert_s": converts,
-               "all_universal_load_s": universal_loads, "all_checksum_s": checksums}
+               "universal_load_s": universal_load_s, **{f"all_{name}_s": v for name, v in seconds.items()}}
     planned = {f"{EXTRAPOLATE_TO}_params": target_params,
                f"{EXTRAPOLATE_TO}_convert_s_extrapolated": convert_s * scale,
                f"{EXTRAPOLATE_TO}_universal_bytes_extrapolated": round(universal_bytes * scale)}
@@ -133,7 +140,6 @@ def main():
     results.update(planned, extrapolated_from=args.model)
     print(json.dumps(results))
     shutil.rmtree(out, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from harness import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_file, usable_dtypes, print_header,
-                     print_row, quiet, synthetic_shards, timed_step, trainer_settings)  # bench/harness.py
+                     print_row, synthetic_shards, timed_step, trainer_settings)  # bench/harness.py
 from gpt.config.hardware import peak_flops
 from gpt.model import loss as losses
 from gpt.model.wrap import forget_compiled_code
@@ -327,13 +327,8 @@ def parse_args():
     return parser.parse_args()
 
 
-def main():
-    args = parse_args()
-    size = SIZES["smoke" if args.smoke else "gpu" if DEVICE == "cuda" else "cpu"]
-    compile = DEVICE == "cuda" and not args.smoke  # as the trainer's default: compiled with CUDA
-    dtype = "bf16" if bf16_usable() else "fp32"
-    peak = peak_flops(DEVICE, dtype)[0] if DEVICE == "cuda" else None
-    started = time.perf_counter()
+def results_header(size, dtype, compile):
+    """The results' opening fields: the device, the versions, the size and setting every row shares."""
     results = dict(device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__,
                    dtype=dtype, compiled=compile, **size, rows=[])
     try:
@@ -341,6 +336,36 @@ def main():
         results["deepspeed"] = deepspeed.__version__
     except ImportError:
         pass
+    return results
+
+
+def skip_note(lever, left, compile):
+    """Why a lever is not measured here: it needs another device, or `left` seconds of --budget are not enough
+    (None: measure it)."""
+    if lever.needs and lever.needs != DEVICE:
+        return f"skipped: needs {lever.needs}"
+    if left < row_cost(lever, compile) + (0 if lever.name == "default (again)" else RESERVE_S):
+        return f"skipped: {left:.0f} s of the budget left"
+    return None
+
+
+def print_report(profile, results):
+    """After the rows: where the default step's time went, what each lever changes, the run's seconds."""
+    print_profile(profile, results["wall_clock_breakdown"])
+    print("\n| lever | what it changes |\n|---|---|")
+    for row in results["rows"]:
+        print(f"| {row['lever']} | {row['what']} |")
+    print(f"\n{results['seconds']:.0f} s")
+
+
+def main():
+    args = parse_args()
+    size = SIZES["smoke" if args.smoke else "gpu" if DEVICE == "cuda" else "cpu"]
+    compile = DEVICE == "cuda" and not args.smoke  # as the trainer's default: compiled with CUDA
+    dtype = "bf16" if bf16_usable() else "fp32"
+    peak = peak_flops(DEVICE, dtype)[0] if DEVICE == "cuda" else None
+    started = time.perf_counter()
+    results = results_header(size, dtype, compile)
 
     def save():
         results["seconds"] = time.perf_counter() - started
@@ -376,22 +401,13 @@ def main():
         results["wall_clock_breakdown"] = row.pop("profile", {})
         add(row, flops["per_token"])
         for lever in wanted + [Lever("default (again)", "the default once more: drift over the run")]:
-            left = args.budget - (time.perf_counter() - started) if args.budget else float("inf")
-            if lever.needs and lever.needs != DEVICE:
-                add(dict(blank_row(LEVER_COLUMNS), lever=lever.name, what=lever.what,
-                         note=f"skipped: needs {lever.needs}"), flops["per_token"])
-            elif left < row_cost(lever, compile) + (0 if lever.name == "default (again)" else RESERVE_S):
-                add(dict(blank_row(LEVER_COLUMNS), lever=lever.name, what=lever.what,
-                         note=f"skipped: {left:.0f} s of the budget left"), flops["per_token"])
-            else:
-                add(measure(lever, data, tmp, size, compile), flops["per_token"])
+            note = skip_note(lever, args.budget - (time.perf_counter() - started) if args.budget else float("inf"),
+                             compile)
+            add(dict(blank_row(LEVER_COLUMNS), lever=lever.name, what=lever.what, note=note) if note else
+                measure(lever, data, tmp, size, compile), flops["per_token"])
         results["profile"] = profile
         save()
-    print_profile(profile, results["wall_clock_breakdown"])
-    print("\n| lever | what it changes |\n|---|---|")
-    for row in results["rows"]:
-        print(f"| {row['lever']} | {row['what']} |")
-    print(f"\n{results['seconds']:.0f} s")
+    print_report(profile, results)
 
 
 if __name__ == "__main__":

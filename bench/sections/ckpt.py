@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from harness import TrainerSteps, ds_config_file, interleaved_seconds, print_row, trainer_settings
-from gpt.memory.plan import measure_activation_bytes
+from gpt.memory.footprint import measure_activation_bytes
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens", "{}"), ("off_s", "{:.3f}"), ("on_s", "{:.3f}"),
                 ("time_ratio", "{:.2f}"), ("activations_off", "{:,}"), ("activations_on", "{:,}"),

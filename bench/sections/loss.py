@@ -34,15 +34,9 @@ def measure(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep_from
             print_row(rows[-1], COLUMNS)
             continue
         try:
-            picks = {micro_batch: ["fixed"]}  # micro-batch: why it is measured
             auto = auto_micro_batch(settings(kernel, sequences).replace(micro_batch="auto",
                                                                         out_dir=str(Path(tmp) / f"loss_{kernel}_auto")))
-            picks.setdefault(auto, []).append("auto")
-            if kernel == "classic":
-                size = sweep_from
-                while size <= sequences:
-                    picks.setdefault(size, []).insert(0, "sweep")
-                    size *= 2
+            picks = sizes_to_measure(kernel, micro_batch, auto, sweep_from if kernel == "classic" else None, sequences)
             out_of_memory_at = None
             for size in sorted(picks):
                 if out_of_memory_at is not None and picks[size] == ["sweep"]:
@@ -67,6 +61,18 @@ def measure(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep_from
     verdict = loss_verdict(rows, micro_batch, dtype)
     print(f"\n{verdict['line']}", flush=True)
     return rows, verdict
+
+
+def sizes_to_measure(kernel, micro_batch, auto, sweep_from, sequences):
+    """{micro-batch: why it is measured}: the fixed one, auto's choice, and from sweep_from (None: no sweep) the sizes
+    doubling up to `sequences`."""
+    picks = {micro_batch: ["fixed"]}
+    picks.setdefault(auto, []).append("auto")
+    size = sweep_from
+    while size is not None and size <= sequences:
+        picks.setdefault(size, []).insert(0, "sweep")
+        size *= 2
+    return picks
 
 
 def fastest_row(rows):

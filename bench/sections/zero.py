@@ -5,7 +5,8 @@ import subprocess
 from pathlib import Path
 
 from harness import REPO, TrainerSteps, ds_config_file, interleaved_seconds, print_row, trainer_settings, worker_env
-from gpt.memory.plan import engine_state_bytes, resident_model_state_bytes
+from gpt.memory.footprint import engine_state_bytes
+from gpt.memory.plan import resident_model_state_bytes
 from gpt.runtime.ranks import free_port
 
 ENTRY = REPO / "bench" / "train.py"  # relaunched on 2 ranks as the worker (--zero_worker)

@@ -10,7 +10,7 @@ import math
 
 import sys
 
-from gpt.config import ds_config as dsc
+from gpt.config import ds_checks
 from gpt.console import BadInput, Parser, exit_if, exit_with
 from gpt.commands.train import add_model_arguments
 from gpt.model.loss import LOSSES
@@ -89,7 +89,7 @@ def check_args(args):
                         f"{args.seq_len} x {args.world_size} = {per_micro_batch}, so by no micro_batch x seq_len x world")
     for path in args.ds_config:
         try:
-            dsc.load_checked(path)
+            ds_checks.load_checked(path)
         except BadInput as e:
             problems.append(str(e))
     return problems, config
@@ -104,7 +104,7 @@ def main(argv=None):
     allocator = args.allocator or ("expandable_segments" if trainer_uses_expandable_segments() else "default")
     device_bytes = args.gpu_mem * GiB if args.gpu_mem is not None else GPUS[args.gpu]
     try:
-        plans = [make_plan(config, args.seq_len, dsc.load_checked(path), args.world_size, device_bytes,
+        plans = [make_plan(config, args.seq_len, ds_checks.load_checked(path), args.world_size, device_bytes,
                            args.total_batch_tokens, loss, allocator, compiled=args.compile)
                  for path in args.ds_config for loss in args.loss]
     except BadInput as e:
@@ -139,11 +139,42 @@ def measure_here(args, config, plan_for):
     device_bytes) is the plan."""
     import torch
 
-    from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
+    from gpt.runtime import ranks  # first: DeepSpeed imported with its logs on stderr
+    from deepspeed.utils import logger
+
+    from gpt.config import hardware
     from gpt.memory import measure
-    from gpt.model.wrap import forget_compiled_code
-    from gpt.memory.plan import expandable_segments, set_allocator, use_expandable_segments
-    from gpt.model.model import GPT
+    from gpt.memory.plan import expandable_segments
+
+    ds_configs = gpu_and_configs(args)
+    arch_note = hardware.fix_cuda_arch_list()  # before DeepSpeed JIT-builds FusedAdam, as the trainer does
+    if arch_note:
+        print(arch_note, file=sys.stderr)
+    logger.setLevel("WARNING")  # each engine's start-up INFO lines would bury the search's
+    device = ranks.setup_distributed()
+    try:
+        cap, outside = measure.cap_allocator(args.gpu_mem)
+    except ValueError as e:
+        exit_with(e)
+    total = torch.cuda.get_device_properties(device).total_memory
+    allocator = "expandable_segments" if expandable_segments() else "default"
+    report = measure.report_header(torch.cuda.get_device_name(device), total, outside, cap, args.model, config,
+                                   args.seq_len, args.total_batch_tokens, compiled=args.compile)
+    device_bytes = args.gpu_mem * GiB if args.gpu_mem else total
+    for path in ds_configs:
+        report["rows"] += measured_rows(args, config, path, plan_for, allocator, device_bytes, device)
+    ranks.leave_process_group()
+    return report
+
+
+def gpu_and_configs(args):
+    """The DeepSpeed JSONs --measure searches, once the GPU is there, DeepSpeed's accelerator is CUDA and the
+    allocator is set (before CUDA's allocator starts); else one line and exit 1."""
+    import torch
+
+    from gpt.runtime import accelerator
+    from gpt.memory import measure
+    from gpt.memory.plan import set_allocator, use_expandable_segments
 
     if not torch.cuda.is_available():
         exit_with("--measure trains on a CUDA GPU, and this machine has none (torch.cuda.is_available() is "
@@ -158,43 +189,32 @@ def measure_here(args, config, plan_for):
     ds_configs = measure.configs_for_gpu() if args.all else args.ds_config
     if not ds_configs:
         exit_with("--all: no ds_configs/*.json for this GPU's precisions here (run from the repository root)")
-    from deepspeed.utils import logger
+    return ds_configs
 
+
+def measured_rows(args, config, path, plan_for, allocator, device_bytes, device):
+    """The report's rows of one DeepSpeed JSON, one per --loss: the largest micro-batch that trains, next to the plan."""
+    from gpt.memory import measure
+    from gpt.model.model import GPT
+    from gpt.model.wrap import forget_compiled_code
     from gpt.train import engine as ds_engine
-    from gpt.config import hardware
     from gpt.train.engine import OptimizerSettings
 
-    arch_note = hardware.fix_cuda_arch_list()  # before DeepSpeed JIT-builds FusedAdam, as the trainer does
-    if arch_note:
-        print(arch_note, file=sys.stderr)
-    logger.setLevel("WARNING")  # each engine's start-up INFO lines would bury the search's
-    device = ranks.setup_distributed()
-    try:
-        cap, outside = measure.cap_allocator(args.gpu_mem)
-    except ValueError as e:
-        exit_with(e)
-    total = torch.cuda.get_device_properties(device).total_memory
-    allocator = "expandable_segments" if expandable_segments() else "default"
-    report = measure.report_header(torch.cuda.get_device_name(device), total, outside, cap, args.model, config,
-                                   args.seq_len, args.total_batch_tokens, compiled=args.compile)
     optimizer = OptimizerSettings(6e-4, 0.1, 10, 100, 0.1)  # memory does not depend on the schedule
-    for path in ds_configs:
-        ds_config = dsc.load_checked(path)
-        for loss in args.loss:
-            def new_engine(micro_batch):
-                if args.compile:
-                    forget_compiled_code()  # the last size's graphs: this one compiles for its own static shapes
-                return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
-            plan = plan_for(ds_config, loss, allocator, args.gpu_mem * GiB if args.gpu_mem else total)
-            print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",
-                  file=sys.stderr, flush=True)
-            row = measure.measure_row(new_engine, plan, args.total_batch_tokens, args.seq_len, config.vocab_size,
-                                      device, log=lambda line: print(line, file=sys.stderr, flush=True),
-                                      dividing_only=args.compile)
-            report["rows"].append({"ds_config": path, "loss": loss, "allocator": allocator, **row})
-    ranks.leave_process_group()
-    return report
-
+    ds_config, rows = ds_checks.load_checked(path), []
+    for loss in args.loss:
+        def new_engine(micro_batch):
+            if args.compile:
+                forget_compiled_code()  # the last size's graphs: this one compiles for its own static shapes
+            return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
+        plan = plan_for(ds_config, loss, allocator, device_bytes)
+        print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",
+              file=sys.stderr, flush=True)
+        row = measure.measure_row(new_engine, plan, args.total_batch_tokens, args.seq_len, config.vocab_size,
+                                  device, log=lambda line: print(line, file=sys.stderr, flush=True),
+                                  dividing_only=args.compile)
+        rows.append({"ds_config": path, "loss": loss, "allocator": allocator, **row})
+    return rows
 
 if __name__ == "__main__":
     main()

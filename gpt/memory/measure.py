@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from gpt.config import ds_config as dsc
+from gpt.config import ds_checks, ds_config as dsc
 from gpt.memory.probe import dividing_sizes, doubling, search_largest, try_step, verdict
 
 GiB = 2**30
@@ -73,7 +73,7 @@ def gpu_precisions():
 
 def configs_for_precisions(paths, precisions):
     """The DeepSpeed JSON files among `paths` whose precision is one of `precisions`, in order."""
-    return [path for path in paths if dsc.precision(dsc.load_checked(path)) in precisions]
+    return [path for path in paths if dsc.precision(ds_checks.load_checked(path)) in precisions]
 
 
 def configs_for_gpu(directory="ds_configs"):

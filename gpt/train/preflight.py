@@ -13,7 +13,7 @@ from pathlib import Path
 from gpt.train import checkpoint, resume, run_lock, universal
 from gpt.train.out_dir import check_fresh_out_dir, check_space, check_writable
 from gpt.data import hellaswag
-from gpt.config import ds_config as dsc
+from gpt.config import ds_checks, ds_config as dsc
 from gpt.console import BadInput, say0
 from gpt.data.shards import check_lengths, check_shards, find_shards, fingerprints, unfinished_preparations
 from gpt.model.loss import loss_problem, memory_kind
@@ -91,18 +91,7 @@ def check_settings(settings, world_size, device_type, decided=None):
         raise BadInput("\n".join(problems))
     ds_config, problems = read_ds_config(settings, device_type)
     config = model_config(settings)
-    problems += config.problems(settings.data.seq_len, settings.model.preset)
-    if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.evaluation.hellaswag:
-        problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {config.vocab_size} < {GPT2_VOCAB_SIZE}")
-    if settings.optimizer.max_steps < profiled_steps_needed(settings.run.profile):
-        problems.append(f"--profile {settings.run.profile} needs --max_steps >= "
-                        f"{profiled_steps_needed(settings.run.profile)} (1 skipped, 1 warm-up and {settings.run.profile} "
-                        f"recorded steps); --max_steps is {settings.optimizer.max_steps}")
-    if settings.evaluation.eval_every is not None and not settings.evaluation.hellaswag:  # given: ignored otherwise
-        problems.append("--eval_every applies to --hellaswag, which is not given")
-    warmup_steps = decided.get("warmup_steps", settings.optimizer.warmup_steps)
-    if warmup_steps < 0 or warmup_steps > settings.optimizer.max_steps:
-        problems.append(f"--warmup_steps {warmup_steps} must lie in [0, --max_steps {settings.optimizer.max_steps}]")
+    problems += config.problems(settings.data.seq_len, settings.model.preset) + flag_problems(settings, config, decided)
     auto_plan = None
     if decided.get("micro_batch", settings.data.micro_batch) == "auto" and not problems:  # needs a sound JSON, shape
         auto_plan = plan_micro_batch(settings, config, ds_config, world_size, device_type,
@@ -115,6 +104,37 @@ def check_settings(settings, world_size, device_type, decided=None):
             grad_accum = gradient_accumulation(settings.data, world_size)
         except BadInput as e:
             problems.append(str(e))
+    problems += input_problems(settings, config, grad_accum, world_size)
+    if problems:
+        raise BadInput("\n".join(problems))
+    too_large = model_memory_problem(model_flags(settings), config, ds_config, world_size, device_type)
+    if too_large:
+        raise BadInput(too_large)
+    return settings, ds_config, config, grad_accum, auto_plan
+
+
+def flag_problems(settings, config, decided):
+    """Flags that do not fit together: HellaSwag on another vocabulary, a profile longer than the run, --eval_every
+    without --hellaswag, a warmup longer than the run (as `decided` will set it)."""
+    problems = []
+    if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.evaluation.hellaswag:
+        problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {config.vocab_size} < {GPT2_VOCAB_SIZE}")
+    if settings.optimizer.max_steps < profiled_steps_needed(settings.run.profile):
+        problems.append(f"--profile {settings.run.profile} needs --max_steps >= "
+                        f"{profiled_steps_needed(settings.run.profile)} (1 skipped, 1 warm-up and {settings.run.profile} "
+                        f"recorded steps); --max_steps is {settings.optimizer.max_steps}")
+    if settings.evaluation.eval_every is not None and not settings.evaluation.hellaswag:  # given: ignored otherwise
+        problems.append("--eval_every applies to --hellaswag, which is not given")
+    warmup_steps = decided.get("warmup_steps", settings.optimizer.warmup_steps)
+    if warmup_steps < 0 or warmup_steps > settings.optimizer.max_steps:
+        problems.append(f"--warmup_steps {warmup_steps} must lie in [0, --max_steps {settings.optimizer.max_steps}]")
+    return problems
+
+
+def input_problems(settings, config, grad_accum, world_size):
+    """What the flags name, read: --reset_data_position needs a resume, --init_from's weights fit the model, the shards'
+    ids fit the vocabulary and their length the batch (grad_accum None: the micro-batch is not known yet)."""
+    problems = []
     if settings.data.reset_data_position and not settings.checkpoint.resume:
         problems.append("--reset_data_position applies to --resume, which is not given")
     if settings.checkpoint.init_from:
@@ -130,12 +150,7 @@ def check_settings(settings, world_size, device_type, decided=None):
                           settings.evaluation.val_every > 0)
     except BadInput as e:
         problems.append(str(e))
-    if problems:
-        raise BadInput("\n".join(problems))
-    too_large = model_memory_problem(model_flags(settings), config, ds_config, world_size, device_type)
-    if too_large:
-        raise BadInput(too_large)
-    return settings, ds_config, config, grad_accum, auto_plan
+    return problems
 
 
 def validate(settings, world_size, device_type="cpu"):
@@ -149,7 +164,8 @@ def read_ds_config(settings, device_type):
         ds_config = dsc.load(settings.run.ds_config)
     except BadInput as e:
         return None, [str(e)]
-    problems = dsc.problems(ds_config, settings.run.ds_config) or dsc.output_problems(ds_config, settings.run.ds_config)
+    problems = (ds_checks.problems(ds_config, settings.run.ds_config)
+                or ds_checks.output_problems(ds_config, settings.run.ds_config))
     if problems:
         return ds_config, problems
     if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:

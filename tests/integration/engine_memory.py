@@ -12,7 +12,8 @@ from gpt.runtime import ranks
 from gpt.train import engine as ds_engine
 from gpt.config.ds_config import precision
 from gpt.model.model import GPT, GPTConfig
-from gpt.memory.plan import engine_state_bytes, resident_model_state_bytes
+from gpt.memory.footprint import engine_state_bytes
+from gpt.memory.plan import resident_model_state_bytes
 from gpt.train.engine import OptimizerSettings
 
 

@@ -10,7 +10,7 @@ import torch
 
 from common import load_script
 from conftest import REPO, out_dir_of, plain_shell_env, succeeded, two_rank_run
-from gpt.memory.plan import measure_step_bytes
+from gpt.memory.footprint import measure_step_bytes
 from gpt.model.model import GPTConfig
 from gpt.memory.plan import per_token_bytes, step_bytes
 

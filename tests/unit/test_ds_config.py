@@ -8,7 +8,7 @@ import pytest
 
 from common import REPO
 from gpt.train import resume
-from gpt.config import ds_config as dsc
+from gpt.config import ds_checks, ds_config as dsc
 from gpt.memory import plan
 from gpt.commands import plan as plan_command
 from gpt.commands.train import parse
@@ -85,14 +85,14 @@ def test_grad_accum_dtype_spellings_deepspeed_takes_mean_the_same():
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "ds_configs").glob("*.json")))
 def test_every_shipped_config_passes_the_check(name):
     path = REPO / "ds_configs" / name
-    assert dsc.load_checked(path) == json.loads(path.read_text())
+    assert ds_checks.load_checked(path) == json.loads(path.read_text())
 
 
 def test_problems_in_several_deepspeed_sections_are_all_named():
     """DeepSpeed's parser stops at its first error; each section is parsed apart, so each one is named."""
     config = {**FP32, "zero_optimization": {**FP32["zero_optimization"], "reduce_bucket_size": 0},
               "tensorboard": {"enabled": True, "output_pth": "tb"}}
-    assert dsc.problems(config, "P") == [
+    assert ds_checks.problems(config, "P") == [
         "P: zero_optimization.reduce_bucket_size: Input should be greater than 0 (got 0)",
         "P: unknown key 'tensorboard.output_pth' (did you mean 'output_path'?)"]
 

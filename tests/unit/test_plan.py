@@ -7,7 +7,7 @@ import pytest
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from common import REPO
-from gpt.memory.plan import measure_step_bytes
+from gpt.memory.footprint import measure_step_bytes
 from gpt.model.model import PRESETS, GPTConfig
 from gpt.memory.plan import (CONTEXT_RESERVE, GPUS, GiB, MODEL_STATE_PARTS, auto_record, element_bytes,
                              loss_chunk_element_bytes, make_plan, model_state_bytes)
