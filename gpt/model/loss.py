@@ -31,8 +31,6 @@ LOSSES = ("fused", "classic")  # what the memory planner tells apart: logits in 
 FUSED_ON_CUDA_BF16 = "chunked"
 
 
-
-
 def chunk_forward(hidden, weight, targets, real_vocab_size):
     """One chunk of rows: (each row's log-sum-exp, the chunk's summed loss), its logits dropped at return."""
     logits = mask_padding((hidden @ weight.t()).float(), real_vocab_size)
