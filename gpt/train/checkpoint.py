@@ -15,6 +15,7 @@ Layout under OUT_DIR/checkpoints/:
     step_00000200.damaged/    a complete checkpoint found damaged at resume, set aside (kept, never loaded)"""
 import concurrent.futures
 import json
+import mmap
 import os
 import random
 import re
@@ -88,17 +89,21 @@ def file_sizes(path):
     return {str(p.relative_to(path)): p.stat().st_size for p in files if p.is_file() and p.name != COMPLETE}
 
 
-# A file's checksum: the CRC-32 of each CHUNK_BYTES piece of it (zlib's CRC-32, ~3 GB/s on one core, with the GIL
+# A file's checksum: the CRC-32 of each CHUNK_BYTES piece of it (zlib's CRC-32, ~4 GB/s on one core, with the GIL
 # released): the pieces of every file are summed at once on the machine's cores, so that a d12 checkpoint's 1.7 GB
-# cost a fraction of its save; the bytes just written are still in the page cache. Against corruption (a failing
-# disk, a bad copy), not tampering.
+# cost a fraction of its save; the bytes just written are still in the page cache, and are summed where they lie
+# (mmap): reading each piece into a new buffer first took 3.5x as long (0.83 s against 0.24 s for 1.75 GB on 2
+# cores). Against corruption (a failing disk, a bad copy), not tampering.
 CHUNK_BYTES = 64 * 2**20
 
 
 def _chunk_crc(path, offset):
     with open(path, "rb") as file:
-        file.seek(offset)
-        return zlib.crc32(file.read(CHUNK_BYTES))
+        if os.fstat(file.fileno()).st_size == 0:
+            return zlib.crc32(b"")  # an empty file cannot be mapped
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view, \
+                view[offset:offset + CHUNK_BYTES] as piece:
+            return zlib.crc32(piece)
 
 
 def checksums(path, names):
