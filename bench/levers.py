@@ -146,7 +146,7 @@ def build(lever, data, tmp, size, compile):
 
 def bf16_usable():
     """bf16 where the trainer's default config (zero1_bf16) can run it at speed: any GPU from Ampere on; on CPU the
-    bench's own answer (bench/train.py)."""
+    bench's own answer (bench/harness.py usable_dtypes)."""
     return "bf16" in usable_dtypes()[0]
 
 
