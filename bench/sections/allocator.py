@@ -13,7 +13,7 @@ from harness import (REPO, TrainerSteps, ds_config_file, interleaved_seconds, pr
 ENTRY = REPO / "bench" / "train.py"  # relaunched as the worker (--allocator_worker)
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}"), ("glibc_default_s", "{:.3f}"),
-                     ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
+           ("heap_kept_s", "{:.3f}"), ("speedup", "{:.2f}")]
 
 
 def measure(tmp, model, seq_len, micro_batch, dtype, repeats, rounds=2):

@@ -5,8 +5,8 @@ from harness import TrainerSteps, ds_config_file, interleaved_seconds, print_row
 from gpt.memory.footprint import measure_activation_bytes
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens", "{}"), ("off_s", "{:.3f}"), ("on_s", "{:.3f}"),
-                ("time_ratio", "{:.2f}"), ("activations_off", "{:,}"), ("activations_on", "{:,}"),
-                ("bytes_saved", "{:.0%}")]
+           ("time_ratio", "{:.2f}"), ("activations_off", "{:,}"), ("activations_on", "{:,}"),
+           ("bytes_saved", "{:.0%}")]
 
 
 def measure(data, tmp, model, seq_len, micro_batch, dtypes, repeats):

@@ -4,7 +4,7 @@ from pathlib import Path
 from harness import TrainerSteps, ds_config_file, interleaved_seconds, print_row, timed_step, trainer_settings
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("first_step_s", "{:.1f}"), ("eager_s", "{:.3f}"),
-                   ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
+           ("compiled_s", "{:.3f}"), ("speedup", "{:.2f}")]
 
 
 def measure(data, tmp, model, seq_len, micro_batch, dtypes, repeats):

@@ -8,7 +8,7 @@ from pathlib import Path
 from harness import REPO, ds_config_file, print_row, trainer_argv, worker_env
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("tokens_per_step", "{}"), ("steps", "{}"), ("runs", "{}"),
-                         ("default_s", "{:.4f}"), ("deterministic_s", "{:.4f}"), ("ratio", "{:.3f}"), ("note", "{}")]
+           ("default_s", "{:.4f}"), ("deterministic_s", "{:.4f}"), ("ratio", "{:.3f}"), ("note", "{}")]
 
 
 def measure(data, tmp, dtype, model, seq_len, micro_batch, grad_accum, steps, rounds):

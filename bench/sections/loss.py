@@ -8,8 +8,8 @@ from harness import (DEVICE, MEMORY_COLUMNS, auto_micro_batch, blank_row, ds_con
 from gpt.model.loss import KERNELS, loss_problem
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("loss", "{}"), ("compiled", "{}"), ("micro_batch", "{}"),
-                ("grad_accum", "{}"), ("picked_by", "{}"), ("tokens_per_s", "{:.0f}"), *MEMORY_COLUMNS,
-                ("ratio_to_classic_best", "{:.3f}"), ("note", "{}")]
+           ("grad_accum", "{}"), ("picked_by", "{}"), ("tokens_per_s", "{:.0f}"), *MEMORY_COLUMNS,
+           ("ratio_to_classic_best", "{:.3f}"), ("note", "{}")]
 
 
 KERNELS_MEASURED = ("classic", *(k for k in KERNELS if k != "classic"))  # classic first: the target

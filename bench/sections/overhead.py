@@ -6,9 +6,9 @@ from harness import PlainPyTorch, TrainerSteps, ds_config_file, interleaved_seco
 
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("compiled", "{}"), ("tokens_per_step", "{}"),
-                    ("plain_s", "{:.3f}"), ("trainer_s", "{:.3f}"), ("ratio", "{:.3f}"), ("tflops", "{:.3f}"),
-                    ("mfu", "{:.2f}"), ("plain_mfu", "{:.2f}"), ("tokens_per_s", "{:.0f}"),
-                    ("plain_tokens_per_s", "{:.0f}")]
+           ("plain_s", "{:.3f}"), ("trainer_s", "{:.3f}"), ("ratio", "{:.3f}"), ("tflops", "{:.3f}"),
+           ("mfu", "{:.2f}"), ("plain_mfu", "{:.2f}"), ("tokens_per_s", "{:.0f}"),
+           ("plain_tokens_per_s", "{:.0f}")]
 
 
 def measure(data, tmp, models, dtypes, compiles, repeats, peaks):

@@ -6,8 +6,8 @@ from harness import PlainPyTorch, TrainerSteps, ds_config_file, interleaved_seco
 from gpt.model.wrap import forget_compiled_code
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("compiled", "{}"), ("loss", "{}"), ("micro_batch", "{}"),
-                 ("grad_accum", "{}"), ("tokens_per_s", "{:.0f}"), ("mfu", "{:.3f}"), ("plain_tokens_per_s", "{:.0f}"),
-                 ("plain_mfu", "{:.3f}"), ("ratio_to_plain", "{:.3f}")]
+           ("grad_accum", "{}"), ("tokens_per_s", "{:.0f}"), ("mfu", "{:.3f}"), ("plain_tokens_per_s", "{:.0f}"),
+           ("plain_mfu", "{:.3f}"), ("ratio_to_plain", "{:.3f}")]
 
 
 def measure(data, tmp, dtype, peaks, model, seq_len, micro_batch, grad_accum, compiles, repeats):

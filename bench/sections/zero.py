@@ -12,7 +12,7 @@ from gpt.runtime.ranks import free_port
 ENTRY = REPO / "bench" / "train.py"  # relaunched on 2 ranks as the worker (--zero_worker)
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("stage", "{}"), ("optimizer", "{}"), ("step_s", "{:.3f}"),
-                ("state_bytes_rank0", "{:,}"), ("state_bytes_rank1", "{:,}"), ("planned_bytes", "{:,.0f}")]
+           ("state_bytes_rank0", "{:,}"), ("state_bytes_rank1", "{:,}"), ("planned_bytes", "{:,.0f}")]
 
 
 def measure(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
