@@ -179,11 +179,6 @@ class Kernel:
     compiled: object = None  # its form under --compile; None: eager between the compiled regions, never traced
     problem: object = None  # (device_type, precision) -> why it cannot run there, or None
 
-    @property
-    def memory_kind(self):
-        """What the memory planner tells apart (LOSSES): a fused kernel holds one chunk of logits at most."""
-        return "classic" if self.function is None else "fused"
-
 
 # --loss fused is the fastest fused kernel for the device (kernel_for); each of these names one (to measure them:
 # bench/train.py --only loss)
@@ -220,5 +215,6 @@ def loss_problem(loss, device_type, precision):
 
 
 def memory_kind(loss):
-    """A --loss as the memory planner sees it (LOSSES)."""
-    return "fused" if loss == "fused" else KERNELS[loss].memory_kind
+    """A --loss as the memory planner sees it (LOSSES): a fused kernel holds one chunk of logits at most, the full
+    logits' loss (no function of its own) all of them."""
+    return "classic" if loss != "fused" and KERNELS[loss].function is None else "fused"
