@@ -2,7 +2,7 @@
 prepared as train_ds.py prepares it and stepped one optimizer step at a time (TrainerSteps), the plain PyTorch loop it
 is measured against (PlainPyTorch), steps interleaved (machines are noisy), synthetic data and DeepSpeed JSONs, the
 usable dtypes and matmul peaks, and the markdown table rows. Settings come from train_ds.py's own command line
-(trainer_argv -> gpt.commands.train.parse), the path a user's flags take."""
+(trainer_argv -> train_ds.parse), the path a user's flags take."""
 import contextlib
 import gc
 import io
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from gpt.commands.train import parse
+from train_ds import parse
 from gpt.config.hardware import cpu_bf16_units, measure_cpu_peak_flops, peak_flops
 from gpt.data.shards import ShuffledTokenLoader, find_shards, shard_name, write_shard
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE
-from gpt.model.wrap import forget_compiled_code
+from gpt.train.engine import forget_compiled_code
 from gpt.runtime.accelerator import device_type
 from gpt.runtime.host import return_freed_memory
 from gpt.runtime.memory import is_out_of_memory, peak_memory

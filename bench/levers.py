@@ -35,7 +35,7 @@ from harness import (DEVICE, MEMORY_COLUMNS, TrainerSteps, blank_row, ds_config_
                      print_row, synthetic_shards, timed_step, trainer_settings)  # bench/harness.py
 from gpt.config.hardware import peak_flops
 from gpt.model import loss as losses
-from gpt.model.wrap import forget_compiled_code
+from gpt.train.engine import forget_compiled_code
 from gpt.runtime.memory import is_out_of_memory, peak_memory
 
 # the size each mode measures: (model, seq_len, micro_batch, total tokens per step), timed steps, micro-batch levers

@@ -3,7 +3,7 @@ PyTorch loop, steps interleaved (issue 22)."""
 from pathlib import Path
 
 from harness import PlainPyTorch, TrainerSteps, ds_config_file, interleaved_seconds, print_row, trainer_settings
-from gpt.model.wrap import forget_compiled_code
+from gpt.train.engine import forget_compiled_code
 
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("compiled", "{}"), ("loss", "{}"), ("micro_batch", "{}"),
            ("grad_accum", "{}"), ("tokens_per_s", "{:.0f}"), ("mfu", "{:.3f}"), ("plain_tokens_per_s", "{:.0f}"),

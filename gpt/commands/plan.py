@@ -12,16 +12,16 @@ import sys
 
 from gpt.config import ds_checks
 from gpt.console import BadInput, Parser, exit_if, exit_with
-from gpt.commands.train import add_model_arguments
 from gpt.model.loss import LOSSES
 from gpt.memory.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan, trainer_uses_expandable_segments
-from gpt.model.model import preset_config
-from gpt.config.settings import GPT3_TOKENS_PER_STEP, range_of, range_problems
+from gpt.model.model import PRESETS, preset_config
+from gpt.config.settings import GPT3_TOKENS_PER_STEP, add_setting_arguments, range_of, range_problems
 
 
 def build_parser():
     p = Parser(description="Plan per-GPU memory and the largest micro-batch; with --measure, also find it on this GPU.")
-    add_model_arguments(p)
+    add_setting_arguments(p, names=("model", "n_layer", "n_embd", "n_head"),  # the model's shape, as the trainer takes it
+                          choices={"model": sorted(PRESETS)})
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--ds_config", nargs="+", help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
@@ -196,7 +196,7 @@ def measured_rows(args, config, path, plan_for, allocator, device_bytes, device)
     """The report's rows of one DeepSpeed JSON, one per --loss: the largest micro-batch that trains, next to the plan."""
     from gpt.memory import measure
     from gpt.model.model import GPT
-    from gpt.model.wrap import forget_compiled_code
+    from gpt.train.engine import forget_compiled_code
     from gpt.train import engine as ds_engine
     from gpt.train.engine import OptimizerSettings
 

@@ -1,7 +1,6 @@
 """The DeepSpeed JSON: loading it (from any directory, repeated keys and runaway nesting refused), what it selects
-(precision, ZeRO stage, activation checkpointing), DeepSpeed's own parser of a section, and the copy filled with what
-the run decides. What the JSON may not hold, checked before launch: gpt/config/ds_checks.py."""
-import copy
+(precision, ZeRO stage, activation checkpointing) and DeepSpeed's own parser of a section. The copy filled with what
+the run decides: gpt/train/engine.py fill. What the JSON may not hold, checked before launch: gpt/config/ds_checks.py."""
 import json
 from collections import Counter
 from pathlib import Path
@@ -169,13 +168,3 @@ def parsed(ds_config, *keys):
     models coerce ("2" to 2, "no" to false) or fill in (defaults, deprecated aliases such as cpu_offload)."""
     return deepspeed_config({key: ds_config[key] for key in keys if key in ds_config})
 
-
-def fill(ds_config, micro_batch, grad_accum, train_batch_size, lr, weight_decay):
-    """A copy of the JSON with what the run decides: the batch triple, learning rate, weight decay."""
-    config = copy.deepcopy(ds_config)
-    config["train_micro_batch_size_per_gpu"] = micro_batch
-    config["gradient_accumulation_steps"] = grad_accum
-    config["train_batch_size"] = train_batch_size
-    optimizer = config.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    optimizer.setdefault("params", {}).update(lr=lr, weight_decay=weight_decay)
-    return config

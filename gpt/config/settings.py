@@ -1,7 +1,7 @@
 """A training run's settings, each defined once: a field of one of Settings' sections, whose metadata holds its help
 text and its checks (the range it must lie in, and a check where a range does not say enough). The command line is
-generated from the fields (gpt/commands/train.py, with add_setting_arguments below), and each section checks its own
-fields (Section.problems; gpt/train/preflight.py adds what crosses sections). Imports nothing from the project, so
+generated from the fields (train_ds.py, with add_setting_arguments below), and each section checks its own fields
+(Section.problems; gpt/train/start.py's preflight adds what crosses sections). Imports nothing from the project, so
 that anything may read a run's settings without the trainer's dependencies."""
 import argparse
 import math
@@ -107,7 +107,7 @@ class ModelSection(Section):
     n_head: int | None = setting(None, "override the preset's head count", check=positive_problem, type=int)
     vocab_size: int = setting(
         PADDED_VOCAB_SIZE, "GPT-2's 50257 padded to a multiple of 128; smaller only for data from a smaller tokenizer")
-    # loss: one of gpt.model.loss.LOSS_CHOICES; the parser's help and choices come from that registry (gpt.commands.train)
+    # loss: one of gpt.model.loss.LOSS_CHOICES; the parser's help and choices come from that registry (train_ds.py)
     loss: str = setting("fused", "the loss kernel: fused (the device's fastest) or one of gpt.model.loss.KERNELS")
     compile: bool | None = setting(None, "torch.compile the model (default: on with CUDA, off on CPU)",
                                    action=argparse.BooleanOptionalAction)
@@ -201,7 +201,7 @@ class Settings:
     """A run's settings, in sections that each part of the trainer reads alone (the loader the data section, the
     engine the optimizer's). The command line stays flat: one flag per field, named as the field (`--model` and
     `--data`: model.preset and data.dir). The four left open (None, 'auto') are filled once before launch, by
-    gpt.train.preflight: model.compile, optimizer.warmup_steps and evaluation.eval_every, and data.micro_batch 'auto'
+    gpt.train.start preflight: model.compile, optimizer.warmup_steps and evaluation.eval_every, and data.micro_batch 'auto'
     by the planner."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)

@@ -7,7 +7,7 @@ micro-batch that really trains, for each DeepSpeed config and loss given, next t
 
 Each size is tried as --micro_batch auto's probe tries it (gpt/memory/probe.py): a fresh engine built as the trainer
 builds its own, two forward/backward/optimizer steps on random tokens, compiled as the trainer compiles on CUDA
-(gpt.model.wrap.wrap; its graphs dropped before each size, so each compiles for its own static shapes) or,
+(gpt.train.engine.wrap; its graphs dropped before each size, so each compiles for its own static shapes) or,
 with --no-compile, eager. A compile per size costs tens of seconds, so compiled, only the sizes that divide
 --total_batch_tokens (the ones a run can use) are tried, and the plan's own answer where it lies between the
 largest of them that fits and the first that does not: the raw maximum lies between the largest size that fitted

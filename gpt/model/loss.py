@@ -9,7 +9,7 @@ sequence's memory. Here at most `chunk_rows` rows of logits exist at a time:
   log-softmax). In bf16 each chunk's gradient is made in the forward pass as liger does; in fp16 and fp32 each
   chunk's logits are recomputed in backward, since fp16's loss scale must act before the gradient is rounded,
   where small gradients underflow (the reason liger is not used for fp16). Under --compile each chunk's math is
-  compiled (gpt.model.wrap.wrap). It is written by hand because no well-kept CPU library does it.
+  compiled (gpt.train.engine.wrap). It is written by hand because no well-kept CPU library does it.
 Both take the model's real vocabulary size (GPTConfig.real_vocab_size): the columns beyond it (GPT-2's padding)
 get no probability and no gradient, as in the classic loss."""
 import collections
@@ -172,7 +172,7 @@ def liger_cross_entropy(hidden, weight, targets, real_vocab_size):
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     """A --loss kernel: all that the trainer, its checks, the planner, --help and the bench know of it. A new kernel
-    is an entry in KERNELS (and its test); gpt.model.wrap attaches it, in its compiled form under --compile."""
+    is an entry in KERNELS (and its test); gpt.train.engine.wrap attaches it, in its compiled form under --compile."""
     label: str  # what the log calls it
     help: str  # what --help says of it
     function: object = None  # (hidden, weight, targets, real_vocab_size) -> mean loss; None: the full logits' loss

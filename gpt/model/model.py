@@ -192,7 +192,7 @@ class GPT(nn.Module):
 
     def head(self, x, targets=None):
         """The last LayerNorm and the loss or the logits, as forward returns them (a region of its own for
-        gpt.model.wrap.compile_regions)."""
+        gpt.train.engine.compile_regions)."""
         x = self.transformer.ln_f(x)
         if targets is not None and self.loss_fn is not None:
             return None, self.loss_fn(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),

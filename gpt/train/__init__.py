@@ -1,1 +1,1 @@
-"""A training run: the checks before launch, the trainer, the DeepSpeed engine, checkpoints, ranks, stops, metrics, evaluation."""
+"""A training run: its start (checks, lock, group), the trainer, the DeepSpeed engine, checkpoints, stops, metrics."""

@@ -1,6 +1,11 @@
-"""deepspeed.initialize around the model (schedule, parameter groups, activation checkpointing, a quiet
-start-up), and the optimizer state a checkpoint cannot hold."""
+"""The model a run trains, in DeepSpeed's engine: a GPT of the run's shape (new_engine), wrapped as torchtitan's
+parallelize wraps one (wrap: the loss, activation checkpointing, compile, in that order), inside deepspeed.initialize
+with the batch the run decided (fill), AdamW, the GPT-3 schedule and the weight-decay groups; the spike guard on its
+updates, and the optimizer state a checkpoint cannot hold. Every engine a run steps is built here (the run's, the
+probe's throwaway ones, gpt-plan --measure's, the bench's), so that each measures the step the run takes; and this is
+the one place that says how a model is compiled, and how compiled code is dropped again (forget_compiled_code)."""
 import contextlib
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -9,7 +14,10 @@ import torch
 
 from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.config import ds_config as dsc
-from gpt.model.wrap import wrap
+from gpt.console import say0
+from gpt.model import loss as losses
+from gpt.model.model import GPT
+from gpt.train.hf import load_hf_weights
 
 import deepspeed  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
@@ -17,14 +25,27 @@ from deepspeed.ops.adam import FusedAdam  # noqa: E402
 from deepspeed.runtime import bf16_optimizer  # noqa: E402
 
 
+def new_engine(setup, micro_batch, grad_accum, initial_weights=True):
+    """(the DeepSpeed engine, the model, the loss's name for the log) as the run steps them: a GPT of the run's
+    shape (setup: gpt.train.start.Setup), --init_from's weights when initial_weights, built by initialize."""
+    settings = setup.settings
+    model = GPT(setup.model_config)
+    if initial_weights and settings.checkpoint.init_from:
+        model.load_state_dict(load_hf_weights(settings.checkpoint.init_from, setup.model_config))
+        say0(f"initial weights from {settings.checkpoint.init_from}")
+    engine = initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(settings.optimizer),
+                        settings.model.loss, settings.model.compile)
+    return engine, model, losses.kernel_for(settings.model.loss, setup.device.type, setup.precision).label
+
+
 def initialize(model, ds_config, micro_batch, grad_accum, optimizer, loss=None, compile=False):
     """The DeepSpeed engine around model, in the process group that exists (gpt.runtime.ranks), with AdamW and the
-    schedule from `optimizer` (OptimizerSettings below). The model is first wrapped as a run trains it
-    (gpt.model.wrap.wrap: the --loss, None for the model's own; then activation checkpointing; then --compile): with an
+    schedule from `optimizer` (OptimizerSettings below). The model is first wrapped as a run trains it (wrap: the
+    --loss, None for the model's own; then activation checkpointing; then --compile): with an
     `activation_checkpointing` block in the JSON, every transformer block is recomputed in backward through
     DeepSpeed's checkpoint API."""
-    config = dsc.fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * ranks.world_size(), optimizer.lr,
-                      optimizer.weight_decay)
+    config = fill(ds_config, micro_batch, grad_accum, micro_batch * grad_accum * ranks.world_size(), optimizer.lr,
+                  optimizer.weight_decay)
     checkpoint_fn = None
     if dsc.uses_activation_checkpointing(config):
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
@@ -36,6 +57,56 @@ def initialize(model, ds_config, micro_batch, grad_accum, optimizer, loss=None, 
             lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer,
                                                                                     optimizer.lr_factor))
     return engine
+
+
+def fill(ds_config, micro_batch, grad_accum, train_batch_size, lr, weight_decay):
+    """A copy of the DeepSpeed JSON with what the run decides: the batch triple, learning rate, weight decay."""
+    config = copy.deepcopy(ds_config)
+    config["train_micro_batch_size_per_gpu"] = micro_batch
+    config["gradient_accumulation_steps"] = grad_accum
+    config["train_batch_size"] = train_batch_size
+    optimizer = config.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    optimizer.setdefault("params", {}).update(lr=lr, weight_decay=weight_decay)
+    return config
+
+
+def wrap(model, loss=None, device_type="cpu", precision="fp32", *, checkpoint_fn=None, compile=False):
+    """Make `model` (a gpt.model.model.GPT) the model a run trains, in place; each step may depend on the one before
+    (compile looks at the loss that was chosen):
+    1. the loss: the kernel --loss names (gpt.model.loss.KERNELS; `classic` keeps the full fp32 logits), in its
+       compiled form under compile; None leaves the model's own loss_fn (tests set one by hand);
+    2. activation checkpointing: checkpoint_fn (DeepSpeed's, when the JSON has an activation_checkpointing block)
+       recomputes each transformer block in backward; None leaves the model's own (none, unless set by hand);
+    3. compile (--compile): compile_regions, the head with the blocks only around the classic loss."""
+    if loss is not None:
+        kernel = losses.kernel_for(loss, device_type, precision)
+        model.loss_fn = kernel.compiled if compile and kernel.compiled else kernel.function
+    if checkpoint_fn is not None:
+        model.checkpoint_fn = checkpoint_fn
+    if compile:
+        compile_regions(model, compile_head=model.loss_fn is None)
+
+
+def compile_regions(model, compile_head):
+    """torch.compile applied as torchtitan applies it: each transformer block on its own, in place (parameter
+    names and checkpoints unchanged; the identical blocks share one compiled graph), and the head (ln_f and the
+    loss or logits) only when compile_head (the classic loss). A loss kernel runs between compiled regions: the
+    chunked one with each chunk's math compiled inside its eager autograd.Function (traced whole, it kept every
+    chunk's logits for backward), any other library's (liger) eager, never traced by dynamo: liger-kernel's fused
+    linear cross-entropy crashed dynamo at step 0 on torch < 2.13 (H100, 2026-11-24), and its issue #1338 reports
+    a wrong loss under it."""
+    for block in model.transformer.h:
+        block.compile()
+    if compile_head:
+        model.head = torch.compile(model.head)
+
+
+def forget_compiled_code():
+    """Drop torch.compile's graphs, so that the next compiled model compiles for its own static shapes, as a run
+    does: otherwise a new batch size recompiles with a dynamic batch dimension, and past dynamo's recompile limit
+    (8 per function) the model silently runs eager. After a probe's steps, a first step that ran out of memory,
+    another size measured."""
+    torch._dynamo.reset()
 
 
 @contextlib.contextmanager

@@ -99,7 +99,7 @@ def events_dir(out_dir):
 
 
 def hparams_of(run_config, grad_accum, loss_label):
-    """A run's settings for TensorBoard's hparams, from what a checkpoint records (gpt/train/preflight.py run_config_of:
+    """A run's settings for TensorBoard's hparams, from what a checkpoint records (gpt/train/start.py run_config_of:
     the flags, the model's shape, precision, ZeRO stage, ranks): MAIN_HPARAMS, then the rest that people compare
     under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
     writes them)."""

@@ -11,7 +11,9 @@ import socket
 import time
 from pathlib import Path
 
-from gpt.console import BadInput, regular_file_problem, warn
+from gpt.console import BadInput, launched_rank, regular_file_problem, warn
+from gpt.train.out_dir import check_fresh_out_dir
+from gpt.train.resume import check_resume_target
 
 LOCK_FILE = "run.lock"
 
@@ -115,3 +117,24 @@ def acquire(out_dir, tries=5):
     except OSError:  # a full disk: the lock itself needs no space; the record is only for the message above
         pass
     return lock
+
+
+def lock_out_dir(settings, resume_from):
+    """Rank 0 takes out_dir's run lock (acquire), then checks again, under it, that out_dir holds
+    nothing this run would overwrite: a run that checked before another took the lock may find it written to
+    now. Returns (the lock or None, why this run is refused or None); other ranks take nothing."""
+    if launched_rank() != 0:
+        return None, None
+    try:
+        lock = acquire(settings.run.out_dir)
+    except BadInput as e:
+        return None, e
+    try:
+        if not settings.checkpoint.resume:
+            check_fresh_out_dir(settings.run.out_dir)
+        elif resume_from is not None:
+            check_resume_target(resume_from, settings.run.out_dir)
+    except BadInput as e:
+        lock.close()
+        return None, e
+    return lock, None

@@ -1,27 +1,60 @@
-"""A run's start, before its first step: prepare(settings) -> Setup. Every check before launch
-(gpt/train/preflight.py), out_dir's run lock, the process group, then --micro_batch auto's size: on a resume of
-the same run on a like device the checkpoint's, else on a GPU the probe's by real steps; and new_engine, which
-builds every engine a run steps (the probe's throwaway ones too), so that the probe measures the step the run
-takes."""
+"""A run's start, before its first step: prepare(settings) -> Setup, on every rank.
+
+1. preflight: every check that can be made before launch, and what the settings left open, decided. It runs before
+   any process group, tensor or file of the run exists, and writes nothing: the output directory (writable, not
+   locked by a live run, not an earlier run's unless resuming), the settings (every number in range, the DeepSpeed
+   JSON, the model's shape, the token budget, the shards, --init_from), the defaults that depend on the run
+   (torch.compile, warmup, --micro_batch auto by the memory planner), whether the model's states fit the device at
+   all, the checkpoint to resume from and how it loads (gpt/train/resume.py), the disk space, HellaSwag. Bad input
+   raises BadInput listing every problem it found, one per line; setup exits on it (gpt.console).
+2. setup: rank 0 takes out_dir's run lock (gpt/train/run_lock.py) and converts a checkpoint to resume on another
+   layout; every rank joins the process group (gpt/runtime/ranks.py).
+3. --micro_batch auto's size: on a resume of the same run on a like device the checkpoint's, else on a GPU the
+   probe's by real steps on throwaway engines (gpt.train.engine.new_engine, as the run builds its own, so that the
+   probe measures the step the run takes); and the first step's fallback to a smaller size."""
 import sys
-import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from gpt.runtime import accelerator, host, ranks  # first: DeepSpeed imported with its logs on stderr
-from gpt.config import ds_config as dsc, hardware
-from gpt.train.preflight import AUTO, gradient_accumulation, model_flags, preflight, run_config_of
+from gpt.config import ds_checks, ds_config as dsc, hardware
+from gpt.config.settings import EVAL_EVERY, GPT3_WARMUP_STEPS, Settings
 from gpt.console import BadInput, exit_if, exit_with, launch_problem, launched_rank, launched_world_size, say, say0
-from gpt.memory.plan import GiB, model_state_bytes, use_expandable_segments
+from gpt.data import hellaswag
+from gpt.data.shards import check_lengths, check_shards, find_shards, fingerprints, unfinished_preparations
+from gpt.memory.plan import (GiB, auto_micro_batch, auto_record, model_memory_problem, model_state_bytes,
+                             use_expandable_segments)
 from gpt.memory.probe import dividing_sizes, probe_micro_batch
-from gpt.model.model import GPT, param_count
-from gpt.model import wrap
-from gpt.train import resume, run_lock, universal
-from gpt.train.out_dir import check_fresh_out_dir
-from gpt.train.engine import OptimizerSettings, initialize
-from gpt.train.hf import load_hf_weights
+from gpt.model.loss import loss_problem, memory_kind
+from gpt.model.model import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, param_count, preset_config
+from gpt.train import checkpoint, engine, resume, run_lock, universal
+from gpt.train.metrics import profiled_steps_needed
+from gpt.train.out_dir import check_fresh_out_dir, check_space, check_writable
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What preflight() checked and decided before the process group existed (device and lock: after it)."""
+    settings: Settings  # complete: what the flags left open decided, --micro_batch auto planned
+    ds_config: dict
+    model_config: GPTConfig
+    grad_accum: int
+    run_config: dict  # what this run's checkpoints record about it
+    resume_from: Path | None
+    hellaswag_examples: list
+    resume_kind: str | None = None  # how resume_from loads: resume.resume_kind
+    saved_run_config: dict | None = None  # resume_from's run_config.json, as find_resume read and checked it
+    auto_plan: dict | None = None  # --micro_batch auto's plan, which the trainer's probe checks on a GPU
+    device: object = None  # the torch.device, once the process group exists (gpt.train.start.setup)
+    lock: object = None  # rank 0: the open run.lock file, held until the run ends (gpt/train/run_lock.py)
+    peak_flops: tuple = (None, None)  # (FLOP/s per device, its label) for MFU, once the device is known
+
+    @property
+    def precision(self):
+        """'fp32', 'fp16' or 'bf16': what the DeepSpeed JSON selects."""
+        return dsc.precision(self.ds_config)
 
 
 def prepare(settings):
@@ -34,7 +67,7 @@ def prepare(settings):
 
 
 def setup(settings):
-    """Every check before launch (gpt/train/preflight.py), then rank 0 takes out_dir's lock (and converts a
+    """Every check before launch (preflight, below), then rank 0 takes out_dir's lock (and converts a
     checkpoint to resume on another layout), and every rank joins the process group."""
     # the device asked for; the world size every plan below is made for, as the group will have it; the port its store
     # will listen on; where DeepSpeed's ops are built
@@ -49,9 +82,9 @@ def setup(settings):
     except BadInput as e:
         exit_with(e, 2)
     settings, resume_from, kind = prepared.settings, prepared.resume_from, prepared.resume_kind
-    lock, refusal = lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
+    lock, refusal = run_lock.lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
     if kind == "universal" and refusal is None and launched_rank() == 0:
-        refusal = convert_to_universal(resume_from)  # the other ranks wait for it in the rendezvous below
+        refusal = universal.convert_once(resume_from)  # the other ranks wait for it in the rendezvous below
     if refusal and launched_world_size() == 1:
         exit_with(refusal, 2)
     if device_type == "cuda":
@@ -79,71 +112,228 @@ def setup(settings):
     return replace(prepared, device=device, lock=lock, peak_flops=peak)
 
 
-def lock_out_dir(settings, resume_from):
-    """Rank 0 takes out_dir's run lock (gpt/train/run_lock.py), then checks again, under it, that out_dir holds
-    nothing this run would overwrite: a run that checked before another took the lock may find it written to
-    now. Returns (the lock or None, why this run is refused or None); other ranks take nothing."""
-    if launched_rank() != 0:
-        return None, None
+# -- 1. preflight: every check before launch, and what the settings left open ---------------------------------
+
+def preflight(settings, world_size, device_type):
+    """Check everything that can be checked before launch, and decide what the settings left open; says the
+    choices a user may not expect (rank 0). Raises BadInput. Writes nothing."""
+    check_writable(settings.run.out_dir, settings.data.dir)
+    run_lock.check_unlocked(settings.run.out_dir)
+    if not settings.checkpoint.resume:
+        check_fresh_out_dir(settings.run.out_dir)  # again under the lock (gpt.train.start); this writes nothing
+    resume_from, saved = resume.find_resume(settings)
+    decided, notes = resolve_defaults(settings, device_type, saved, world_size)
+    for note in notes:
+        say0(note)
+    settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type,
+                                                                              decided)
+    for warning in unfinished_preparations(settings.data.dir):
+        say0(warning, sys.stderr)
+    auto = auto_record(model_config, settings.data.seq_len, ds_config, world_size, device_type, settings.model.loss,
+                       settings.model.compile, settings.run.deterministic) if auto_plan else None
+    run_config = run_config_of(settings, ds_config, model_config, world_size, auto)
+    kind = None
+    if resume_from is not None:
+        kind = resume.plan_resume(resume_from, saved, run_config, settings)
+        if kind == "universal":
+            converted = (resume_from / universal.UNIVERSAL).is_dir()  # by an earlier resume: reused
+            problem = None if converted else universal.convert_problem(resume_from)
+            if problem:
+                raise BadInput(problem)
+            ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
+    check_space(settings.run.out_dir, resume_from)
+    examples = hellaswag.load(settings.evaluation.hellaswag) if settings.evaluation.hellaswag else []
+    return Setup(settings=settings, ds_config=ds_config, model_config=model_config, grad_accum=grad_accum,
+                 run_config=run_config, resume_from=resume_from, resume_kind=kind, saved_run_config=saved,
+                 hellaswag_examples=examples, auto_plan=auto_plan)
+
+
+def resolve_defaults(settings, device_type, saved=None, world_size=1):
+    """Decide what the flags left open and the run decides: torch.compile by device; HellaSwag's interval; the warmup
+    by run length, or as the checkpoint resumed from (`saved`, its run config) had it, since its default depends on
+    --max_steps, which a resume may raise; and --micro_batch auto as an old checkpoint was saved with, on the same
+    world size (before FORMAT 2 its data order depended on the micro-batch; else the planner decides, in
+    check_settings, which writes all of it into the settings at once). Returns ({flag: value}, one log line per
+    choice a user may not expect)."""
+    notes, compile, warmup_steps = [], settings.model.compile, settings.optimizer.warmup_steps
+    micro_batch = settings.data.micro_batch
+    if compile is None:
+        compile = device_type == "cuda"  # +37% tokens/s on an H100; on CPU it gained <= 7%
+        if compile:
+            notes.append("torch.compile on (the default with CUDA; --no-compile turns it off)")
+    if warmup_steps is None and saved:
+        warmup_steps = saved["args"]["warmup_steps"]
+    if warmup_steps is None:
+        warmup_steps = GPT3_WARMUP_STEPS
+        if 0 < settings.optimizer.max_steps < GPT3_WARMUP_STEPS:  # a short trial run: keep the warmup a tenth of it
+            warmup_steps = settings.optimizer.max_steps // 10
+            notes.append(f"--warmup_steps {warmup_steps}: --max_steps {settings.optimizer.max_steps} is below the "
+                         f"default warmup of {GPT3_WARMUP_STEPS}, so the warmup is a tenth of the run")
+    if (micro_batch == "auto" and saved and saved["world_size"] == world_size
+            and resume.format_of(saved) < checkpoint.FORMAT):
+        micro_batch = saved["args"]["micro_batch"]
+        notes.append(f"--micro_batch auto: {micro_batch}, as the checkpoint was saved with (it is older than "
+                     f"data positions that any micro-batch continues)")
+    eval_every = EVAL_EVERY if settings.evaluation.eval_every is None else settings.evaluation.eval_every
+    return {"compile": compile, "warmup_steps": warmup_steps, "micro_batch": micro_batch,
+            "eval_every": eval_every}, notes
+
+
+def check_settings(settings, world_size, device_type, decided=None):
+    """The settings checked, --micro_batch auto planned (the DeepSpeed JSON read once for both), and what the flags
+    left open written into them in one step: `decided` (resolve_defaults' choices) and the plan's micro-batch.
+    Raises BadInput listing every problem. Returns (the settings, the DeepSpeed config, the model's GPTConfig,
+    grad_accum, the auto plan or None)."""
+    decided = dict(decided or {})
+    problems = number_problems(settings)
+    if problems:  # the checks below assume sane numbers
+        raise BadInput("\n".join(problems))
+    ds_config, problems = read_ds_config(settings, device_type)
+    config = model_config(settings)
+    problems += config.problems(settings.data.seq_len, settings.model.preset) + flag_problems(settings, config, decided)
+    auto_plan = None
+    if decided.get("micro_batch", settings.data.micro_batch) == "auto" and not problems:  # needs a sound JSON, shape
+        auto_plan = plan_micro_batch(settings, config, ds_config, world_size, device_type,
+                                     decided.get("compile", settings.model.compile))
+        decided["micro_batch"] = auto_plan["micro_batch"]
+    settings = settings.replace(**decided)  # the one rewrite: from here on, the run's settings
+    grad_accum = None
+    if settings.data.micro_batch != "auto":
+        try:
+            grad_accum = gradient_accumulation(settings.data, world_size)
+        except BadInput as e:
+            problems.append(str(e))
+    problems += input_problems(settings, config, grad_accum, world_size)
+    if problems:
+        raise BadInput("\n".join(problems))
+    too_large = model_memory_problem(model_flags(settings), config, ds_config, world_size, device_type)
+    if too_large:
+        raise BadInput(too_large)
+    return settings, ds_config, config, grad_accum, auto_plan
+
+
+def number_problems(settings):
+    """Every field in its range and passing its own check (each section's, gpt/config/settings.py), then what crosses
+    sections: one line each. (A NaN learning rate used to train, exit 0 and save NaN weights as `latest`.)"""
+    problems = settings.problems()
+    if settings.evaluation.val_every and 1 <= settings.evaluation.val_tokens < settings.data.seq_len:
+        problems.append(f"--val_tokens {settings.evaluation.val_tokens} is less than one sequence "
+                        f"(--seq_len {settings.data.seq_len}); "
+                        f"turn validation off with --val_every 0")
+    return problems
+
+
+def read_ds_config(settings, device_type):
+    """(the DeepSpeed JSON, its problems for this run: one line each)."""
     try:
-        lock = run_lock.acquire(settings.run.out_dir)
+        ds_config = dsc.load(settings.run.ds_config)
     except BadInput as e:
-        return None, e
+        return None, [str(e)]
+    problems = (ds_checks.problems(ds_config, settings.run.ds_config)
+                or ds_checks.output_problems(ds_config, settings.run.ds_config))
+    if problems:
+        return ds_config, problems
+    if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:
+        problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
+                        f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
+    problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config))] if p]
+    return ds_config, problems
+
+
+def model_config(settings):
+    """The model's GPTConfig: the preset with the settings' overrides."""
+    model = settings.model
+    return preset_config(model.preset, model.n_layer, model.n_embd, model.n_head, model.vocab_size)
+
+
+def flag_problems(settings, config, decided):
+    """Flags that do not fit together: HellaSwag on another vocabulary, a profile longer than the run, --eval_every
+    without --hellaswag, a warmup longer than the run (as `decided` will set it)."""
+    problems = []
+    if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.evaluation.hellaswag:
+        problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {config.vocab_size} < {GPT2_VOCAB_SIZE}")
+    if settings.optimizer.max_steps < profiled_steps_needed(settings.run.profile):
+        problems.append(f"--profile {settings.run.profile} needs --max_steps >= "
+                        f"{profiled_steps_needed(settings.run.profile)} (1 skipped, 1 warm-up and {settings.run.profile} "
+                        f"recorded steps); --max_steps is {settings.optimizer.max_steps}")
+    if settings.evaluation.eval_every is not None and not settings.evaluation.hellaswag:  # given: ignored otherwise
+        problems.append("--eval_every applies to --hellaswag, which is not given")
+    warmup_steps = decided.get("warmup_steps", settings.optimizer.warmup_steps)
+    if warmup_steps < 0 or warmup_steps > settings.optimizer.max_steps:
+        problems.append(f"--warmup_steps {warmup_steps} must lie in [0, --max_steps {settings.optimizer.max_steps}]")
+    return problems
+
+
+def input_problems(settings, config, grad_accum, world_size):
+    """What the flags name, read: --reset_data_position needs a resume, --init_from's weights fit the model, the shards'
+    ids fit the vocabulary and their length the batch (grad_accum None: the micro-batch is not known yet)."""
+    problems = []
+    if settings.data.reset_data_position and not settings.checkpoint.resume:
+        problems.append("--reset_data_position applies to --resume, which is not given")
+    if settings.checkpoint.init_from:
+        from gpt.train.hf import check_hf_matches  # transformers-free, but only --init_from needs it
+        try:
+            check_hf_matches(settings.checkpoint.init_from, config)
+        except BadInput as e:
+            problems.append(str(e))
     try:
-        if not settings.checkpoint.resume:
-            check_fresh_out_dir(settings.run.out_dir)
-        elif resume_from is not None:
-            resume.check_resume_target(resume_from, settings.run.out_dir)
+        check_shards(settings.data.dir, config.real_vocab_size)  # a padded id would have an infinite loss
+        if grad_accum:
+            check_lengths(settings.data.dir, settings.data.seq_len, settings.data.micro_batch * world_size,
+                          settings.evaluation.val_every > 0)
     except BadInput as e:
-        lock.close()
-        return None, e
-    return lock, None
+        problems.append(str(e))
+    return problems
 
 
-def convert_to_universal(path):
-    """Rank 0, before the process group exists: the checkpoint's universal form for a resume on another world size
-    or ZeRO stage (gpt/train/universal.py), converted once and reused. Returns why it failed, or None."""
-    target = Path(path) / universal.UNIVERSAL
-    if target.is_dir():
-        say(f"reusing {target}, converted by an earlier resume")
-        return None
-    start = time.perf_counter()
+def plan_micro_batch(settings, config, ds_config, world_size, device_type, compile):
+    """--micro_batch auto: the planner's plan for the step the run takes (compiled or not); says it (rank 0)."""
     try:
-        universal.universal_dir(path)
+        plan, text = auto_micro_batch(config, settings.data.seq_len, ds_config, world_size,
+                                      settings.data.total_batch_tokens, device_type, memory_kind(settings.model.loss),
+                                      compile)
     except BadInput as e:
-        return e
-    say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s ({target})")
-    return None
+        raise BadInput(f"--micro_batch auto: {e}") from None
+    say0(text)
+    return plan
 
 
-def new_engine(setup, micro_batch, grad_accum, initial_weights=True):
-    """(the DeepSpeed engine, the model, the loss's name for the log) as the run steps them: a GPT of the run's
-    shape, --init_from's weights when initial_weights, wrapped with its loss, activation checkpointing and
-    --compile (gpt.model.wrap.wrap)."""
-    settings = setup.settings
-    model = GPT(setup.model_config)
-    if initial_weights and settings.checkpoint.init_from:
-        model.load_state_dict(load_hf_weights(settings.checkpoint.init_from, setup.model_config))
-        say0(f"initial weights from {settings.checkpoint.init_from}")
-    engine = initialize(model, setup.ds_config, micro_batch, grad_accum, OptimizerSettings.of(settings.optimizer),
-                        settings.model.loss, settings.model.compile)
-    return engine, model, wrap.loss_label(settings.model.loss, setup.device.type, setup.precision)
+def gradient_accumulation(data, world_size):
+    """The micro-steps per optimizer step for the data section's batch on world_size ranks."""
+    tokens_per_micro_step = data.micro_batch * data.seq_len * world_size
+    if data.total_batch_tokens % tokens_per_micro_step:
+        raise BadInput(
+            f"--total_batch_tokens {data.total_batch_tokens} is not divisible by micro_batch x seq_len x world "
+            f"= {data.micro_batch} x {data.seq_len} x {world_size} = {tokens_per_micro_step}")
+    return data.total_batch_tokens // tokens_per_micro_step
 
 
-def with_micro_batch(setup, micro_batch):
-    """The setup at another micro-batch: its accumulation and run config follow."""
-    settings, world_size = setup.settings.replace(micro_batch=micro_batch), ranks.world_size()
-    return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings.data, world_size),
-                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size,
-                                            setup.run_config.get(AUTO)))
+def model_flags(settings):
+    """The flags that chose the model's shape, as given: '--model tiny --vocab_size 1000000000000'."""
+    given = [f"--{name} {getattr(settings.model, name)}" for name in ("n_layer", "n_embd", "n_head")
+             if getattr(settings.model, name) is not None]
+    if settings.model.vocab_size != PADDED_VOCAB_SIZE:
+        given.append(f"--vocab_size {settings.model.vocab_size}")
+    return " ".join([f"--model {settings.model.preset}", *given])
 
 
-def forget_compiled_code(setup):
-    """Drop torch.compile's graphs after steps at another micro-batch (a probe's, a first step that ran out of
-    memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
-    if setup.settings.model.compile:
-        wrap.forget_compiled_code()
+AUTO = "micro_batch_auto"  # run_config's key for gpt.memory.plan.auto_record, when --micro_batch auto chose the size
 
+def run_config_of(settings, ds_config, model_config, world_size, auto=None):
+    """What a checkpoint records about the run that wrote it; the train shards' fingerprints let the next
+    resume see, before launch, whether its data position still points into the same tokens; `auto`: what
+    --micro_batch auto's choice depended on, when it chose the micro-batch."""
+    return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": dsc.precision(ds_config),
+            "zero_stage": dsc.zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
+            "data": fingerprints(find_shards(settings.data.dir, "train")), **({AUTO: auto} if auto else {})}
+
+
+def validate(settings, world_size, device_type="cpu"):
+    """check_settings with the defaults decided as a fresh run decides them: (ds_config, model_config, grad_accum)."""
+    return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[1:4]
+
+
+# -- 3. --micro_batch auto after the process group exists ------------------------------------------------------
 
 def kept_micro_batch(setup):
     """--micro_batch auto resuming a checkpoint whose micro-batch auto chose for what this run is, on a device like
@@ -172,7 +362,7 @@ def probe(setup):
 
     def throwaway_engine(micro_batch):
         forget_compiled_code(setup)  # each size compiled for its static shape, as the run will be
-        return new_engine(setup, micro_batch, 1, initial_weights=False)[0]
+        return engine.new_engine(setup, micro_batch, 1, initial_weights=False)[0]
 
     probed = probe_micro_batch(throwaway_engine, candidates, settings.data.seq_len, setup.model_config.vocab_size,
                                setup.device, log=say0)
@@ -202,6 +392,21 @@ def smaller_micro_batch(setup):
     torch.manual_seed(settings.run.seed)  # the same initial weights as a run started at that size
     forget_compiled_code(setup)
     return with_micro_batch(setup, smaller[-1])
+
+
+def with_micro_batch(setup, micro_batch):
+    """The setup at another micro-batch: its accumulation and run config follow."""
+    settings, world_size = setup.settings.replace(micro_batch=micro_batch), ranks.world_size()
+    return replace(setup, settings=settings, grad_accum=gradient_accumulation(settings.data, world_size),
+                   run_config=run_config_of(settings, setup.ds_config, setup.model_config, world_size,
+                                            setup.run_config.get(AUTO)))
+
+
+def forget_compiled_code(setup):
+    """Drop torch.compile's graphs after steps at another micro-batch (a probe's, a first step that ran out of
+    memory), so that the next engine compiles for its own static shapes, not a dynamic batch dimension."""
+    if setup.settings.model.compile:
+        engine.forget_compiled_code()
 
 
 def out_of_memory_message(setup, error):

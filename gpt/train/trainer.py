@@ -1,8 +1,8 @@
 """The trainer, top-down: train(settings) prepares the run (gpt/train/start.py: the checks, the run lock, the
 process group, --micro_batch auto's probe), builds a Trainer (engine, data, guard, logger), resumes it and fits it
 (each step: train, log, the guard's verdict; then evaluate and save), and turns what stops it into one message.
-train_ds.py is its command line (gpt/commands/train.py); bench/train.py drives a Trainer through the same public
-methods: step, evaluate, save, close."""
+train_ds.py is its command line; bench/train.py drives a Trainer through the same public methods: step,
+evaluate, save, close."""
 import sys
 import time
 from pathlib import Path
@@ -132,7 +132,7 @@ class Trainer:
     def __init__(self, setup):
         settings = self.settings = setup.settings
         data, evaluation, optimizer = settings.data, settings.evaluation, settings.optimizer
-        self.engine, self.model, loss_label = start.new_engine(setup, data.micro_batch, setup.grad_accum)
+        self.engine, self.model, loss_label = ds_engine.new_engine(setup, data.micro_batch, setup.grad_accum)
         self.device, self.grad_accum, self.run_config = setup.device, setup.grad_accum, setup.run_config
         self.hellaswag_examples = setup.hellaswag_examples
         rank, self.world_size = ranks.rank(), ranks.world_size()

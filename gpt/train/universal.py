@@ -29,6 +29,7 @@ import contextlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,10 +37,10 @@ import torch
 from gpt.train.checkpoint import (MODEL_STATES, RUN_CONFIG, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, brief,
                                   is_universal, model_states, read_fp32_weights, unreadable_file)
 from gpt.train.resume import find_checkpoint, read_run_config
-from gpt.console import BadInput, free_bytes, megabytes, warn, write_problem
+from gpt.console import BadInput, free_bytes, megabytes, say, warn, write_problem
 from gpt.model.model import GPTConfig, state_dict_mismatch
 
-__all__ = ["UNIVERSAL", "convert_problem", "universal_dir", "is_universal", "load", "read_weights"]
+__all__ = ["UNIVERSAL", "convert_problem", "convert_once", "universal_dir", "is_universal", "load", "read_weights"]
 
 OPTIM_FILES = "*zero_pp_rank_*_optim_states.pt"  # ZeRO's partitions (bf16_zero_pp_rank_*: BF16_Optimizer's)
 
@@ -212,3 +213,19 @@ def read_weights(path):
                        f"{config.n_embd}, block_size {config.block_size}, vocab_size {config.vocab_size}; "
                        f"missing, extra or misshapen: {wrong})")
     return {k: v.float() for k, v in state.items()}, config
+
+
+def convert_once(path):
+    """Rank 0, before the process group exists: the checkpoint's universal form for a resume on another world size
+    or ZeRO stage, converted once (universal_dir) and reused by any later resume. Returns why it failed, or None."""
+    target = Path(path) / UNIVERSAL
+    if target.is_dir():
+        say(f"reusing {target}, converted by an earlier resume")
+        return None
+    start = time.perf_counter()
+    try:
+        universal_dir(path)
+    except BadInput as e:
+        return e
+    say(f"converted {path} to DeepSpeed's universal form in {time.perf_counter() - start:.1f}s ({target})")
+    return None

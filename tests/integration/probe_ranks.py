@@ -14,7 +14,7 @@ import torch
 from gpt.model import loss as losses
 from gpt.train import start
 from gpt.train.trainer import Trainer
-from gpt.commands.train import parse
+from train_ds import parse
 from gpt.model.model import GPT
 
 LIMITS = {0: 12, 1: 6}  # sequences per rank; rank 1 runs out first, in the forward pass
@@ -34,7 +34,7 @@ def main(argv=None):
             return kernel.function(hidden, weight, targets, vocab)
         return dataclasses.replace(kernel, function=limited, compiled=None)
 
-    losses.kernel_for = limited_kernel_for  # what gpt.model.wrap.wrap calls
+    losses.kernel_for = limited_kernel_for  # what gpt.train.engine.wrap calls
     try:
         prepared = start.setup(settings)
         planned = prepared.settings.data.micro_batch

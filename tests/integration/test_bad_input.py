@@ -16,12 +16,12 @@ import torch
 import train_ds
 from conftest import REPO, free_port, out_dir_of, plain_shell_env, two_rank_run
 from gpt.runtime import accelerator
-from gpt.commands.train import parse
+from train_ds import parse
 from gpt.console import BadInput
 from gpt.data.shards import write_shard
 from gpt.memory.plan import device_total_bytes
 from gpt.model.model import GPT2_VOCAB_SIZE
-from gpt.train.preflight import model_config, validate
+from gpt.train.start import model_config, validate
 
 
 @pytest.fixture
@@ -698,7 +698,7 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
     engine are built (what the check cannot see: other processes' memory, a cgroup's limit) ends the run with one
     line naming the model, what it needs and what to do, exit 1."""
     from gpt.config import ds_config as dsc
-    from gpt.train import start, trainer
+    from gpt.train import engine, start, trainer
     settings = parse(["--model", "tiny", "--vocab_size", "1000000", "--ds_config", "ds_configs/zero2_fp32.json"])
     prepared = SimpleNamespace(settings=settings, ds_config=dsc.load(settings.run.ds_config), lock=None, grad_accum=1,
                                model_config=model_config(settings))
@@ -706,7 +706,7 @@ def test_running_out_of_memory_while_building_the_engine_is_one_line_and_exit_1(
 
     def new_engine(*args, **kwargs):
         raise error
-    monkeypatch.setattr(start, "new_engine", new_engine)
+    monkeypatch.setattr(engine, "new_engine", new_engine)
     with pytest.raises(SystemExit) as exit_info:
         trainer.train(settings)
     assert exit_info.value.code == 1

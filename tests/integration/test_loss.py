@@ -11,7 +11,7 @@ from conftest import TINY, train, train_losses
 from gpt.model import loss as losses
 from gpt.model.loss import chunked_cross_entropy
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, mask_padding
-from gpt.model.wrap import wrap
+from gpt.train.engine import wrap
 
 
 def classic(hidden, weight, targets, real_vocab_size=None):
@@ -219,7 +219,7 @@ def saved_for_backward(loss_fn, hidden, weight, targets):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_under_compile_the_chunked_loss_keeps_no_logits_for_backward(dtype):
-    """--compile's chunked loss (gpt.model.wrap.wrap) keeps what the eager one keeps, the inputs and a
+    """--compile's chunked loss (gpt.train.engine.wrap) keeps what the eager one keeps, the inputs and a
     log-sum-exp per row, and equals it. Traced whole by torch.compile, the partitioner kept every chunk's fp32
     logits instead: the full logits, which the chunks exist to avoid (H100 d12 at micro-batch 128: 64.6 GiB
     against 43.2 GiB eager)."""
@@ -286,7 +286,7 @@ class UntraceableLoss(torch.autograd.Function):
 
 @pytest.mark.slow
 def test_a_loss_kernel_dynamo_cannot_trace_trains_under_compile(tmp_path, small_vocab_dir, monkeypatch):
-    """--compile compiles the blocks, and the head only around our own losses (gpt.model.wrap.compile_regions): another
+    """--compile compiles the blocks, and the head only around our own losses (gpt.train.engine.compile_regions): another
     kernel runs eagerly between them, so compiled training gives eager's losses. Whole-model compile traced it and
     failed at the first step."""
     monkeypatch.setattr(losses, "kernel_for", lambda *args: losses.Kernel("untraceable test kernel", "",

@@ -104,7 +104,7 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     """Two fresh runs that both checked an empty out_dir before either took the lock: the one that takes it
     second finds the first one's files (or the first one still holding it), and is refused."""
     from gpt.config.settings import Settings
-    from gpt.train.start import lock_out_dir
+    from gpt.train.run_lock import lock_out_dir
     settings = Settings().replace(out_dir=str(tmp_path / "out"), resume=None)
     first, refusal = lock_out_dir(settings, None)
     assert refusal is None

@@ -116,7 +116,7 @@ def test_micro_batch_auto_asks_the_planner(tmp_path, small_vocab_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", ["fused", "classic"])  # fused: the chunked kernel, the one other than liger (CUDA)
 def test_compile_keeps_training_validation_and_sampling_working(tmp_path, small_vocab_dir, loss):
-    """--compile (each block, and the head with our own losses: gpt.model.wrap.compile_regions) gives eager's losses and
+    """--compile (each block, and the head with our own losses: gpt.train.engine.compile_regions) gives eager's losses and
     validation losses for every --loss that runs on a CPU, and samples."""
     config = write_ds_config(tmp_path / "fp32.json", stage=1, precision="fp32")
     args = [*TINY, *FP32_STEPS, "--max_steps", "2", "--ds_config", config, "--val_every", "1",

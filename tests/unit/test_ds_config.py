@@ -11,9 +11,9 @@ from gpt.train import resume
 from gpt.config import ds_checks, ds_config as dsc
 from gpt.memory import plan
 from gpt.commands import plan as plan_command
-from gpt.commands.train import parse
+from train_ds import parse
 from gpt.console import BadInput
-from gpt.train.preflight import run_config_of, validate
+from gpt.train.start import run_config_of, validate
 
 FP32 = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
 

@@ -7,8 +7,8 @@ import importlib
 import pytest
 
 from gpt.config import hardware
-from gpt.commands.train import parse
-from gpt.train.preflight import resolve_defaults
+from train_ds import parse
+from gpt.train.start import resolve_defaults
 from gpt.config.settings import GPT3_WARMUP_STEPS
 
 

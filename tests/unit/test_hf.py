@@ -12,7 +12,7 @@ import gpt.train.universal
 from common import SMALL_VOCAB
 from gpt.commands.export import main as export_main
 from gpt.train.hf import TOKENIZER_FILES, load_hf_weights
-from gpt.model.wrap import wrap
+from gpt.train.engine import wrap
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS
 from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from gpt.commands.train import build_parser, parse
+from train_ds import build_parser, parse
 from gpt.model.model import PADDED_VOCAB_SIZE, PRESETS
-from gpt.train.preflight import number_problems
+from gpt.train.start import number_problems
 from gpt.config.settings import Settings, ranges
 
 
@@ -78,7 +78,7 @@ def test_what_the_flags_leave_open_is_resolved_in_one_step():
     """compile by device, the warmup as the resumed checkpoint's run had it (its default depends on --max_steps),
     and --micro_batch auto as a checkpoint from before data positions (format 1) was saved, on its world size only;
     a newer checkpoint leaves auto to the planner."""
-    from gpt.train.preflight import resolve_defaults
+    from gpt.train.start import resolve_defaults
     old = {"world_size": 2, "args": {"warmup_steps": 7, "micro_batch": 4}}  # format 1: no "format" recorded
     decided, notes = resolve_defaults(parse(["--micro_batch", "auto", "--max_steps", "80"]), "cpu", old, 2)
     assert decided == {"compile": False, "warmup_steps": 7, "micro_batch": 4, "eval_every": 250}
