@@ -119,21 +119,22 @@ def acquire(out_dir, tries=5):
     return lock
 
 
-def lock_out_dir(settings, resume_from):
-    """Rank 0 takes out_dir's run lock (acquire), then checks again, under it, that out_dir holds
-    nothing this run would overwrite: a run that checked before another took the lock may find it written to
-    now. Returns (the lock or None, why this run is refused or None); other ranks take nothing."""
+def lock_out_dir(out_dir, resume, resume_from):
+    """Rank 0 takes out_dir's run lock (acquire), then checks again, under it, that out_dir holds nothing this run
+    would overwrite (resume: --resume; resume_from: the checkpoint it found): a run that checked before another took
+    the lock may find it written to now. Returns (the lock or None, why this run is refused or None); other ranks
+    take nothing."""
     if launched_rank() != 0:
         return None, None
     try:
-        lock = acquire(settings.run.out_dir)
+        lock = acquire(out_dir)
     except BadInput as e:
         return None, e
     try:
-        if not settings.checkpoint.resume:
-            check_fresh_out_dir(settings.run.out_dir)
+        if not resume:
+            check_fresh_out_dir(out_dir)
         elif resume_from is not None:
-            check_resume_target(resume_from, settings.run.out_dir)
+            check_resume_target(resume_from, out_dir)
     except BadInput as e:
         lock.close()
         return None, e

@@ -82,7 +82,8 @@ def setup(settings):
     except BadInput as e:
         exit_with(e, 2)
     settings, resume_from, kind = prepared.settings, prepared.resume_from, prepared.resume_kind
-    lock, refusal = run_lock.lock_out_dir(settings, resume_from)  # last: every check before it writes nothing
+    # last: every check before it writes nothing
+    lock, refusal = run_lock.lock_out_dir(settings.run.out_dir, settings.checkpoint.resume, resume_from)
     if kind == "universal" and refusal is None and launched_rank() == 0:
         refusal = universal.convert_once(resume_from)  # the other ranks wait for it in the rendezvous below
     if refusal and launched_world_size() == 1:

@@ -103,18 +103,17 @@ def test_a_two_rank_launch_into_a_held_out_dir_ends_every_rank_at_once(tmp_path,
 def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     """Two fresh runs that both checked an empty out_dir before either took the lock: the one that takes it
     second finds the first one's files (or the first one still holding it), and is refused."""
-    from gpt.config.settings import Settings
     from gpt.train.run_lock import lock_out_dir
-    settings = Settings().replace(out_dir=str(tmp_path / "out"), resume=None)
-    first, refusal = lock_out_dir(settings, None)
+    out_dir = tmp_path / "out"
+    first, refusal = lock_out_dir(out_dir, None, None)
     assert refusal is None
     (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
-    lock, refusal = lock_out_dir(settings, None)
+    lock, refusal = lock_out_dir(out_dir, None, None)
     assert lock is None and isinstance(refusal, BadInput)
     first.close()  # the first run ended
-    lock, refusal = lock_out_dir(settings, None)
+    lock, refusal = lock_out_dir(out_dir, None, None)
     assert lock is None and isinstance(refusal, BadInput) and "holds an earlier run" in str(refusal)
-    run_lock.acquire(settings.run.out_dir).close()  # the refused run let go of the lock
+    run_lock.acquire(out_dir).close()  # the refused run let go of the lock
 
 
 def test_a_file_system_without_locks_is_said_and_trains_unguarded(tmp_path, monkeypatch, capsys):
