@@ -113,7 +113,7 @@ def setup(settings):
     return replace(prepared, device=device, lock=lock, peak_flops=peak)
 
 
-# -- 1. preflight: every check before launch, and what the settings left open ---------------------------------
+# -- preflight: every check before launch, and what the settings left open ------------------------------------------
 
 def preflight(settings, world_size, device_type):
     """Check everything that can be checked before launch, and decide what the settings left open; says the
@@ -334,7 +334,7 @@ def validate(settings, world_size, device_type="cpu"):
     return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[1:4]
 
 
-# -- 3. --micro_batch auto after the process group exists ------------------------------------------------------
+# -- --micro_batch auto after the process group exists --------------------------------------------------------------
 
 def kept_micro_batch(setup):
     """--micro_batch auto resuming a checkpoint whose micro-batch auto chose for what this run is, on a device like
