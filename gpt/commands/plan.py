@@ -20,8 +20,8 @@ from gpt.config.settings import GPT3_TOKENS_PER_STEP, add_setting_arguments, ran
 
 def build_parser():
     p = Parser(description="Plan per-GPU memory and the largest micro-batch; with --measure, also find it on this GPU.")
-    add_setting_arguments(p, names=("model", "n_layer", "n_embd", "n_head"),  # the model's shape, as the trainer takes it
-                          choices={"model": sorted(PRESETS)})
+    # the model's shape, as the trainer takes it
+    add_setting_arguments(p, names=("model", "n_layer", "n_embd", "n_head"), choices={"model": sorted(PRESETS)})
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--ds_config", nargs="+", help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
@@ -196,16 +196,14 @@ def measured_rows(args, config, path, plan_for, allocator, device_bytes, device)
     """The report's rows of one DeepSpeed JSON, one per --loss: the largest micro-batch that trains, next to the plan."""
     from gpt.memory import measure
     from gpt.model.model import GPT
-    from gpt.train.engine import forget_compiled_code
     from gpt.train import engine as ds_engine
-    from gpt.train.engine import OptimizerSettings
 
-    optimizer = OptimizerSettings(6e-4, 0.1, 10, 100, 0.1)  # memory does not depend on the schedule
+    optimizer = ds_engine.OptimizerSettings(6e-4, 0.1, 10, 100, 0.1)  # memory does not depend on the schedule
     ds_config, rows = ds_checks.load_checked(path), []
     for loss in args.loss:
         def new_engine(micro_batch):
             if args.compile:
-                forget_compiled_code()  # the last size's graphs: this one compiles for its own static shapes
+                ds_engine.forget_compiled_code()  # the last size's graphs: this one compiles for its own static shapes
             return ds_engine.initialize(GPT(config), ds_config, micro_batch, 1, optimizer, loss, args.compile)
         plan = plan_for(ds_config, loss, allocator, device_bytes)
         print(f"{path}, {loss} loss, {allocator} allocator: planned {plan and plan['max_micro_batch']}",

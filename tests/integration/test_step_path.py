@@ -55,8 +55,9 @@ def test_a_training_step_is_read_in_the_eight_files_the_docs_name(tmp_path, smal
                                                                     sys.modules[Settings.__module__].__file__)))
     monkeypatch.setattr(ranks, "setup_distributed", watched("the process group joined", ranks.setup_distributed))
     monkeypatch.setattr(deepspeed, "initialize", watched("the engine built", deepspeed.initialize))
+    shards_file = sys.modules[ShuffledTokenLoader.__module__].__file__
     monkeypatch.setattr(ShuffledTokenLoader, "next_batch", watched("a batch drawn", ShuffledTokenLoader.next_batch,
-                                                                   sys.modules[ShuffledTokenLoader.__module__].__file__))
+                                                                   shards_file))
     monkeypatch.setattr(DeepSpeedEngine, "step", watched("the optimizer stepped", DeepSpeedEngine.step))
 
     train(tmp_path, small_vocab_dir, *TINY, "--warmup_steps", "1", "--max_steps", "1", "--total_batch_tokens", "256")
