@@ -21,6 +21,10 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
             d12, T=1024, 0.5M tokens/step (issue 22)
   deterministic  what --deterministic costs: train_ds.py without and with it in fresh processes, alternating
             (ABAB: the setting is process-global), eager; the median per-step dt from each run's metrics.jsonl
+  optimizer which Adam the JSONs name: the trainer's step and the optimizer's own step with torch's AdamW (fused,
+            foreach, per-tensor loop; through DeepSpeed's torch_adam) and DeepSpeed's FusedAdam, against the default
+  start     seconds from launching train_ds.py (2 ranks, the CPU demo's shape) to its first step with an empty
+            torch extensions directory (cold) and again (warm); with --full also FusedAdam's, whose build cold pays
 
     python bench/train.py                      # quick: tiny + d12 at 1024 tokens/step (< 3 min); on a GPU
                                                #   d12 at 131k tokens/step, eager and compiled
@@ -29,6 +33,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
     python bench/train.py --only zero ckpt     # some sections
     python bench/train.py --only loss speed deterministic  # on a GPU: issue 22's figures, d12 at 0.5M tokens/step
     python bench/train.py --only speed --modes compiled  # its compiled rows alone (launch/gpu_check.sh)
+    python bench/train.py --only optimizer start   # which Adam, and a cold start against a warm one (~2 min on CPU)
     python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/unit/test_bench.py)
     python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
     python bench/train.py --json bench.json    # also write the results as JSON (after each section)
@@ -51,13 +56,15 @@ import sections.ckpt
 import sections.compile
 import sections.deterministic
 import sections.loss
+import sections.optimizer
 import sections.overhead
 import sections.speed
+import sections.start
 import sections.zero
 from harness import DEVICE, peaks_for, print_header, synthetic_shards, usable_dtypes
 from gpt.model.loss import kernel_for
 
-SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss", "speed", "deterministic"]
+SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss", "speed", "deterministic", "optimizer", "start"]
 CPU_ONLY_SECTIONS = {"zero", "allocator"}  # 2 ranks on one machine's cores; glibc's malloc
 # What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum), in `dtypes`, eager and,
 # where `overhead_compile` says so, compiled; zero, ckpt, allocator, compile (model, seq_len, micro_batch[, dtypes]);
@@ -70,12 +77,14 @@ MODES = {
                   loss=dict(model="d4", seq_len=256, sequences=8, micro_batch=4, sweep_from=1, compile=False),
                   speed=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=2, compiles=(False,)),
                   deterministic=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=1, steps=6, rounds=2),
+                  optimizer=("d4", 256, 4), start=dict(rounds=2),
                   repeats=4, peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
                  loss=dict(model="d4", seq_len=256, sequences=32, micro_batch=8, sweep_from=1, compile=False),
                  speed=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, compiles=(False, True)),
                  deterministic=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, steps=8, rounds=2),
+                 optimizer=("d12", 256, 4), start=dict(rounds=3, fused_adam=True),
                  repeats=6, peak_max_size=4096, sections=SECTIONS),
     # each section's code path once on the tiny model, for tests/unit/test_bench.py: the figures mean nothing. loss, speed
     # and deterministic only when named with --only (a test of their own), and eager: compiling takes ~60 s on 2 cores
@@ -84,6 +93,7 @@ MODES = {
                   loss=dict(model="tiny", seq_len=64, sequences=2, micro_batch=1, sweep_from=1, compile=False),
                   speed=dict(model="tiny", seq_len=64, micro_batch=2, grad_accum=2, compiles=(False,)),
                   deterministic=dict(model="tiny", seq_len=64, micro_batch=2, grad_accum=1, steps=3, rounds=1),
+                  optimizer=("tiny", 64, 4), start=dict(rounds=1),
                   repeats=1, peak_max_size=256, sections=["overhead", "zero", "ckpt"]),
     # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
     # eager and compiled (issue 11 measured 0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step).
@@ -97,8 +107,9 @@ MODES = {
                           repeats=2),
                 speed=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=16, compiles=(True, False), repeats=3),
                 deterministic=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=4, steps=8, rounds=2),
+                optimizer=("d12", 1024, 32), start=dict(rounds=1, fused_adam=True),
                 repeats=5, sections=["overhead"],
-                full_sections=["overhead", "ckpt", "compile", "loss", "speed", "deterministic"]),
+                full_sections=["overhead", "ckpt", "compile", "loss", "speed", "deterministic", "optimizer", "start"]),
 }
 
 
@@ -220,6 +231,13 @@ def section_runs(settings, usable, data, tmp, results):
                           "processes alternating", sections.deterministic.COLUMNS,
                           lambda: {"deterministic": sections.deterministic.measure(data, tmp, dtypes[-1],
                                                                                    **settings["deterministic"])}),
+        "optimizer": ("which Adam: the trainer's step and the optimizer's own step with each, against the default "
+                      "(torch's fused AdamW), steps interleaved", sections.optimizer.COLUMNS,
+                      lambda: {"optimizer": sections.optimizer.measure(data, tmp, *settings["optimizer"], dtypes,
+                                                                       repeats)}),
+        "start": ("seconds from launch to the first step, 2 ranks, the CPU demo's shape: an empty extensions "
+                  "directory (cold) against the same again (warm)", sections.start.COLUMNS,
+                  lambda: {"start": sections.start.measure(data, tmp, dtypes[-1], **settings["start"])}),
     }
 
 

@@ -134,6 +134,19 @@ def zero_stage(ds_config):
     return int(ds_config.get("zero_optimization", {}).get("stage", 0))
 
 
+# The optimizer a JSON without an optimizer block gets, as ds_configs/ name it: torch's fused AdamW through DeepSpeed
+# (torch_adam), which needs no op built. DeepSpeed's FusedAdam (without torch_adam) is JIT-built at a first start:
+# g++ on its CPU accelerator, nvcc on GPUs (docs/configs.md).
+DEFAULT_OPTIMIZER = {"type": "AdamW", "params": {"torch_adam": True, "fused": True}}
+
+
+def builds_an_op(ds_config):
+    """Whether DeepSpeed JIT-builds an op to train with this JSON: its FusedAdam, for an optimizer block without
+    torch_adam true (offload, which would build CPU Adam, is refused by gpt/config/ds_checks.py)."""
+    optimizer = ds_config.get("optimizer", DEFAULT_OPTIMIZER)
+    return (optimizer.get("params") or {}).get("torch_adam") is not True
+
+
 def uses_activation_checkpointing(ds_config):
     """DeepSpeed's `activation_checkpointing` block only configures its checkpoint API; the block's
     presence is our switch to checkpoint every transformer block."""

@@ -3,6 +3,7 @@ this module first (gpt.runtime.ranks does): DeepSpeed's logger writes to the sys
 first imported, and there, on a machine without DS_ACCELERATOR, says which accelerator it picked. stdout is ours
 (the trainer's lines, the console scripts' output: gpt-plan --json), so DeepSpeed logs to stderr."""
 import contextlib
+import importlib
 import os
 import sys
 import warnings
@@ -43,6 +44,12 @@ def _import_deepspeeds_muon_uncompiled():
 
 _import_deepspeeds_muon_uncompiled()
 answer_cpuinfo_fast()  # for DeepSpeed's op builders, in every gpt process
+
+# DeepSpeed 0.19's torch backend JIT-builds its shared-memory allreduce op on every CPU rank as it joins the group
+# (44 s of g++ on 2 cores at a fresh start), for inference_all_reduce alone: training's collectives go through gloo
+# and never call it (deepspeed/comm/torch.py). DeepSpeed gives no switch, so the build is skipped here: no op is
+# built, and no 66 MB /dev/shm buffer per rank made. (By import_module: the attribute deepspeed.comm.torch is torch.)
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 # DeepSpeed 0.19's ZeRO calls torch.distributed.all_gather_into_tensor, deprecated from torch 2.13: a FutureWarning on
 # every rank of every run, about DeepSpeed's code, which a user can do nothing about

@@ -1,9 +1,9 @@
 """The host fixes a run needs on this machine, apart from the process group they are applied around
 (gpt.runtime.ranks.setup_distributed, and py-cpuinfo's answer when gpt.runtime.accelerator imports DeepSpeed):
-py-cpuinfo answered from /proc/cpuinfo, leftovers of killed runs removed, glibc malloc keeping freed memory in the
-heap (and handing it back on request), DeepSpeed's CPU allreduce buffer in /dev/shm removed at exit, torch's
-extensions directory checked, the exit's collection of garbage skipped. Nothing here imports deepspeed but to ask
-whether its ops were prebuilt."""
+py-cpuinfo answered from /proc/cpuinfo, build locks of killed JIT builds removed, glibc malloc keeping freed memory
+in the heap (and handing it back on request), torch's extensions directory checked (for a config whose optimizer
+DeepSpeed builds), the exit's collection of garbage skipped. Nothing here imports deepspeed but to ask whether its
+ops were prebuilt."""
 import atexit
 import contextlib
 import ctypes
@@ -21,8 +21,8 @@ from gpt.console import nearest_existing
 def cpu_info_from_proc():
     """What DeepSpeed reads of py-cpuinfo's answer (the architecture, the SIMD flags, the vendor), from
     /proc/cpuinfo on x86-64 Linux in a millisecond; None elsewhere. Written by hand because py-cpuinfo answers
-    by starting a Python process (0.7-1.3 s on 2 cores), and DeepSpeed asks it in every rank, before each op it
-    loads (FusedAdam and the shared-memory allreduce on CPU)."""
+    by starting a Python process (0.7-1.3 s on 2 cores), and DeepSpeed asks it in every rank, as it imports and
+    before each op it loads (FusedAdam, where a config asks for it)."""
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return None
     first_cpu = {}
@@ -48,18 +48,6 @@ def answer_cpuinfo_fast():
         return
     slow = cpuinfo.get_cpu_info
     cpuinfo.get_cpu_info = functools.cache(lambda: cpu_info_from_proc() or slow())
-
-
-def remove_leftovers(device_type):
-    """Before DeepSpeed loads its ops and joins the group (gpt.runtime.ranks.setup_distributed): torch's JIT build
-    locks left by killed builds (every rank, before its own load), and on CPU the /dev/shm buffers of killed runs
-    (once per machine)."""
-    handle_stale_jit_locks()
-    if device_type == "cpu" and os.environ.get("LOCAL_RANK", "0") == "0":
-        removed = remove_stale_shm_buffers()
-        if removed:
-            print(f"removed {len(removed)} DeepSpeed allreduce buffer(s) of killed runs from /dev/shm",
-                  file=sys.stderr, flush=True)
 
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
@@ -109,32 +97,15 @@ def skip_the_collection_at_exit():
     atexit.register(gc.freeze)
 
 
-def release_cpu_comm_buffer():
-    """DeepSpeed's CPU shared-memory allreduce creates a 66 MB buffer per rank in /dev/shm and never
-    unlinks it (its shared_close is not called at exit), so every run would leak RAM: remove ours."""
-    env = os.environ
-    for rank_key in ("RANK", "LOCAL_RANK"):
-        name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR')}_{env.get('MASTER_PORT')}"
-                f"_{env.get(rank_key)}")
-        Path("/dev/shm", name).unlink(missing_ok=True)
-
-
-# What killed runs leave on a machine, removed at start-up once nothing alive holds it.
+# What killed JIT builds leave on a machine, removed at start-up once nothing alive holds it: torch's builds
+# (DeepSpeed's FusedAdam, where a config asks for it) take a `lock` file in the build directory, created with O_EXCL
+# and held open by the builder until the build ends; a killed build leaves it, and every later build of that op waits
+# for it forever, silently (torch's FileBaton).
 #
-# - DeepSpeed's CPU shared-memory allreduce: a 66 MB /dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}
-#   per rank, unlinked by nobody (gpt.runtime.ranks removes a rank's own at a normal exit; a SIGKILLed rank leaks it).
-# - torch's JIT extension builds (DeepSpeed's FusedAdam, its shm allreduce op): a `lock` file in the build
-#   directory, created with O_EXCL and held open by the builder until the build ends; a killed build leaves
-#   it, and every later build of that op waits for it forever, silently (torch's FileBaton).
-#
-# "Alive holds it": a process of this machine has the file open or mapped (/proc/PID/fd, /proc/PID/maps).
-# DeepSpeed keeps its buffer open and mapped from creation to exit, and the builder holds its lock from
-# creation to release, so an unheld file is a dead process's. Processes of other users are skipped: they
-# cannot open this user's 0600 shm files; a lock in this user's cache is this user's too. The blind spot:
-# processes in another PID namespace that share the directory, and, for locks, other machines on a
+# "Alive holds it": a process of this machine has the file open or mapped (/proc/PID/fd, /proc/PID/maps): the builder
+# holds its lock from creation to release, so an unheld lock is a dead process's. A lock in this user's cache is this
+# user's. The blind spot: processes in another PID namespace that share the directory, and other machines on a
 # network file system: there a lock is only reported, never removed.
-SHM_DIR = Path("/dev/shm")
-SHM_BUFFER = "deepspeed_allreduce_buffer"
 LOCAL_FILE_SYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "overlay", "bcachefs", "jfs",
                       "reiserfs", "ramfs"}
 LOCK_SECOND_LOOK_S = 0.5  # a builder closes its lock a moment before it removes it: look again after this
@@ -180,37 +151,6 @@ def stat_or_none(path):
         return None
 
 
-def remove_stale_shm_buffers(shm_dir=SHM_DIR):
-    """Remove this user's DeepSpeed allreduce buffers that no live process holds; returns their paths.
-    Each is renamed away first and removed only if no process held it then: a run that opened it in between
-    keeps it (it is renamed back), and one that looks for it by name meanwhile waits until it exists
-    (DeepSpeed retries shm_open while the file is missing), so a live run never loses its buffer."""
-    uid = os.getuid()
-    candidates = {}
-    for path in shm_dir.glob(f"{SHM_BUFFER}_{uid}_*"):
-        stat = stat_or_none(path)
-        if stat is not None and stat.st_uid == uid:
-            candidates[file_key(stat)] = path
-    if not candidates:
-        return []
-    held = held_files(set(candidates))
-    removed = []
-    for key, path in candidates.items():
-        if key in held:
-            continue
-        aside = path.with_name(f"{path.name}.stale{os.getpid()}")
-        try:
-            path.rename(aside)
-        except OSError:  # another process cleaning up took it first
-            continue
-        if file_key(aside.stat()) in held_files({file_key(aside.stat())}):
-            aside.rename(path)
-        else:
-            aside.unlink()
-            removed.append(path)
-    return removed
-
-
 def jit_locks():
     """torch's build locks: TORCH_EXTENSIONS_DIR/OP/lock, or under the default root (one folder per Python and
     accelerator: py311_cu128/OP/lock)."""
@@ -222,9 +162,9 @@ def jit_locks():
 
 
 def extensions_dir_problem():
-    """Why DeepSpeed could not JIT-build or load its ops (the CPU's allreduce and Adam, FusedAdam on GPUs) under
-    torch's extensions directory, or None: loading takes a lock file there even when an op is built. None where
-    DeepSpeed was installed with its ops prebuilt (DS_BUILD_OPS=1)."""
+    """Why DeepSpeed could not JIT-build or load an op (FusedAdam, where a config asks for it) under torch's
+    extensions directory, or None: loading takes a lock file there even when the op is built. None where DeepSpeed
+    was installed with its ops prebuilt (DS_BUILD_OPS=1)."""
     from deepspeed.git_version_info import installed_ops
     from torch.utils.cpp_extension import get_default_build_root
 
@@ -236,8 +176,9 @@ def extensions_dir_problem():
         return None
     variable = "TORCH_EXTENSIONS_DIR" if os.environ.get("TORCH_EXTENSIONS_DIR") else \
         "XDG_CACHE_HOME or TORCH_EXTENSIONS_DIR"
-    return (f"{root}: not writable ({existing} is read-only or not yours), and DeepSpeed builds and loads its ops "
-            f"there: set {variable} to a writable directory")
+    return (f"{root}: not writable ({existing} is read-only or not yours), and DeepSpeed builds and loads its "
+            f"FusedAdam there: set {variable} to a writable directory, or use torch's AdamW "
+            f"(optimizer.params.torch_adam true, as ds_configs/ do)")
 
 
 def file_system_type(path):

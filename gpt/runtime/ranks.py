@@ -1,13 +1,10 @@
 """Ranks and the process group: what the launcher set, joining the group (NCCL on GPUs, gloo on CPU, with the
 host fixes of gpt/runtime/host.py applied around it), a mean over ranks, a flag every rank holds, a lost rank told
 apart, a step timed on the device, a free port."""
-import atexit
-import contextlib
 import datetime
 import errno
 import os
 import socket
-import sys
 import time
 
 import torch
@@ -15,7 +12,7 @@ import torch.distributed as dist
 
 from gpt.console import exit_with
 from gpt.runtime.accelerator import enable_cpu_fp16, get_accelerator  # first: DeepSpeed, its logs on stderr
-from gpt.runtime.host import keep_freed_memory_in_heap, release_cpu_comm_buffer, remove_leftovers
+from gpt.runtime.host import handle_stale_jit_locks, keep_freed_memory_in_heap
 
 import deepspeed  # noqa: E402
 
@@ -92,23 +89,19 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     accelerator = get_accelerator()
     if allow_cpu_fp16:
         enable_cpu_fp16()
-    remove_leftovers(accelerator.device_name())
+    handle_stale_jit_locks()  # before DeepSpeed loads an op: a killed build's lock would hang it
     if accelerator.device_name() == "cpu":
         if os.environ.get("DSGPT_MALLOC_CACHE", "1") != "0":  # 0: glibc's defaults (bench/train.py's baseline)
             keep_freed_memory_in_heap()
         torch.set_num_threads(threads_per_rank())
-        # once, however many runs this process makes (tests, bench)
-        atexit.unregister(release_cpu_comm_buffer)
-        atexit.register(release_cpu_comm_buffer)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accelerator.set_device(local_rank)  # before the group: NCCL's communicator is made on the current device
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # on CPU DeepSpeed prints that it built its shared-memory op
-            deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
-                                       timeout=datetime.timedelta(seconds=timeout_s))
+        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
+                                   timeout=datetime.timedelta(seconds=timeout_s))
     except dist.DistNetworkError as e:
         if "EADDRINUSE" not in str(e):
             raise

@@ -65,7 +65,7 @@ def fill(ds_config, micro_batch, grad_accum, train_batch_size, lr, weight_decay)
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config["gradient_accumulation_steps"] = grad_accum
     config["train_batch_size"] = train_batch_size
-    optimizer = config.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    optimizer = config.setdefault("optimizer", copy.deepcopy(dsc.DEFAULT_OPTIMIZER))
     optimizer.setdefault("params", {}).update(lr=lr, weight_decay=weight_decay)
     return config
 
@@ -120,6 +120,30 @@ def no_memory_dumps():
         yield
     finally:
         bf16_optimizer.see_memory_usage = original
+
+
+def settle_adam_state(engine):
+    """After a checkpoint's optimizer state is loaded: the state in the form the optimizer in use keeps it (the
+    checkpoint may be the other Adam's: from_the_other_adam), and on CPU FusedAdam's running products replayed
+    (replay_adam_step_count), so that the next step is the one an uninterrupted run takes."""
+    from_the_other_adam(engine.basic_optimizer)
+    replay_adam_step_count(engine)
+
+
+def from_the_other_adam(adam):
+    """A checkpoint of torch's AdamW (ds_configs/' optimizer) loaded into DeepSpeed's FusedAdam, or the reverse. torch
+    keeps each step count as a tensor: DeepSpeed's universal load writes in a FusedAdam checkpoint's int, which torch
+    refuses at the next step (`state_steps argument must contain a list of singleton tensors`), and torch's own
+    load_state_dict converts in Adam.__setstate__, reused here. FusedAdam takes an int, and its groups' bias_correction
+    (torch's Adam always corrects) from the checkpoint's groups, which torch's lack (a KeyError at the next step)."""
+    if isinstance(adam, torch.optim.Adam):  # AdamW too
+        adam.__setstate__({"state": adam.state, "param_groups": adam.param_groups})
+    elif isinstance(adam, FusedAdam):
+        for group in adam.param_groups:
+            group.setdefault("bias_correction", True)
+        for state in adam.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = int(state["step"].item())
 
 
 def replay_adam_step_count(engine):

@@ -70,9 +70,8 @@ def setup(settings):
     """Every check before launch (preflight, below), then rank 0 takes out_dir's lock (and converts a
     checkpoint to resume on another layout), and every rank joins the process group."""
     # the device asked for; the world size every plan below is made for, as the group will have it; the port its store
-    # will listen on; where DeepSpeed's ops are built
-    exit_if([accelerator.accelerator_problem(), launch_problem(), ranks.store_port_problem(),
-             host.extensions_dir_problem()], 2)
+    # will listen on
+    exit_if([accelerator.accelerator_problem(), launch_problem(), ranks.store_port_problem()], 2)
     world_size = launched_world_size()
     device_type = accelerator.device_type()
     if device_type == "cuda":
@@ -104,7 +103,6 @@ def setup(settings):
         if ranks.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
             # Hard: the rank that hosted the group's store may be gone already, and tearing the group down then
             # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
-            host.release_cpu_comm_buffer()  # an atexit handler, which a hard exit skips
             exit_with(refusal or "refused by rank 0", 2, hard=True)
     torch.manual_seed(settings.run.seed)  # the same initial weights on every rank
     # MFU is rank 0's to say; on CPU the peak is a ~1 s matmul measurement, which the other ranks would make at
@@ -237,7 +235,8 @@ def read_ds_config(settings, device_type):
     if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:
         problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                         f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
-    problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config))] if p]
+    problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config)),
+                             dsc.builds_an_op(ds_config) and host.extensions_dir_problem()] if p]
     return ds_config, problems
 
 

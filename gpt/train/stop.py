@@ -17,7 +17,6 @@ imports no torch: train_ds.py starts it before torch and DeepSpeed load."""
 import os
 import select
 import signal
-import sys
 import threading
 import time
 
@@ -29,7 +28,7 @@ DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
 RUNNER_NAMES = ("deepspeed", "ds", "deepspeed.pt")  # the console scripts of DeepSpeed's runner
 POLL_S = 1.0  # how often the start-up watchdog looks at the launchers
 # A Python signal handler runs only when the main thread is back in Python: a rendezvous with a rank that is
-# gone, or DeepSpeed's shm allreduce spinning on a dead peer's flag, never returns. Exit hard after this long.
+# gone, or a collective waiting on a dead peer, never returns. Exit hard after this long.
 HARD_EXIT_AFTER_S = 10.0
 # In training a second stop signal this long after the first ends the rank at once. Sooner, it is the same request:
 # a terminal's Ctrl-C reaches the ranks and `deepspeed.launcher.launch`, which then sends each rank a SIGTERM.
@@ -213,14 +212,10 @@ class StopRequest:
 
     def _exit_now(self, line):
         """The main thread is stuck where no Python runs, inside an import, or asked twice in training (from the
-        watchdog thread): say line (None: said already), release what a run holds, exit 1."""
-        if line:
-            self._say(line)
+        watchdog thread): say line (None: said already), exit 1."""
         try:
-            host = sys.modules.get("gpt.runtime.host")  # never import here: the main thread may hold the import lock
-            release = getattr(host, "release_cpu_comm_buffer", None)  # None while host itself is half-imported
-            if release is not None:
-                release()
+            if line:
+                self._say(line)
         finally:
             os._exit(1)
 

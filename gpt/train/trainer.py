@@ -185,7 +185,7 @@ class Trainer:
             state, rng_problem = checkpoint.load(engine, path, load_optimizer_states=kind != "weights",
                                                  restore_rng=kind == "exact")
         if kind != "weights":
-            ds_engine.replay_adam_step_count(engine)  # bit-exact on CPU also from the first resumed step
+            ds_engine.settle_adam_state(engine)  # e.g. a FusedAdam checkpoint's step count as torch's AdamW keeps it
         if engine.global_rank == 0:
             checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.run.out_dir), path)
         step = state["step"] + 1

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from common import REPO, SMALL_VOCAB, join_single_rank_group  # before DeepSpeed: it pins the CPU accelerator
 from gpt.data.shards import find_shards, load_shard, write_shard
@@ -30,6 +31,9 @@ TINY = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--warmup_st
         "--val_every", "0", "--sample_every", "0", "--seed", "1234", "--ds_config", FP32_CONFIG,
         "--vocab_size", str(SMALL_VOCAB)]
 GPT2_VOCAB = ["--vocab_size", "50304"]  # the tiny preset's own: GPT-2's 50257 tokens padded to a multiple of 64
+# DeepSpeed's FusedAdam (JIT-built at a first start), the optimizer block ds_configs/ had before torch's AdamW
+# (torch_adam): write_ds_config(..., optimizer=FUSED_ADAM) for a run that checkpoints with it
+FUSED_ADAM = {"type": "AdamW", "params": {"betas": [0.9, 0.95], "eps": 1e-08}}
 # Bounds on the largest relative difference of a loss from the uninterrupted run's after a resume on another world
 # size, ZeRO stage or micro-batch (test_resume_anywhere.py): the sums of a step's gradients go in another
 # order. Measured (2026-11-24, AMD EPYC with AVX512-BF16), fp32: 2 -> 1 rank 9.1e-8 (ZeRO 1), 9.3e-8 (ZeRO 2), 0.0
@@ -283,6 +287,25 @@ def background_runs(background_lane):
     """{name: completed process} of every background_run the selected tests declare."""
     background_lane.join(timeout=1800)
     return background_lane.results
+
+
+def saved_tensors(step_dir):
+    """{file and key path: tensor} of every tensor in a checkpoint's .pt files (weights, fp32 master weights,
+    Adam's moments, RNG states)."""
+    found = {}
+
+    def walk(value, name):
+        if torch.is_tensor(value):
+            found[name] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{name}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]")
+    for file in sorted(step_dir.glob("*.pt")):
+        walk(torch.load(file, map_location="cpu", weights_only=False), file.name)
+    return found
 
 
 def reseal(step_dir, checksums=True):

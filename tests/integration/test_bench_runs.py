@@ -131,6 +131,26 @@ def test_bench_smoke_loss_speed_and_deterministic(request, tmp_path, device):
     assert len(row["default_runs_s"]) == len(row["deterministic_runs_s"]) == row["runs"] == 1
 
 
+@pytest.mark.background_runs({"bench_smoke_optimizer_start": background_run(
+    *bench_smoke_command("--only", "optimizer", "start"))})
+def test_bench_smoke_optimizer_and_start(background_runs):
+    """Which Adam (each variant's step and optimizer step against the default's), and the seconds from launch to
+    the first step, cold against warm, of 2 ranks that build nothing."""
+    results, stdout = bench_results(background_runs["bench_smoke_optimizer_start"])
+    assert "## which Adam" in stdout and "## seconds from launch to the first step" in stdout
+    rows = results["optimizer"]
+    assert [r["optimizer"] for r in rows[:4]] == ["torch fused (default)", "torch foreach", "torch per-tensor loop",
+                                                 "DeepSpeed FusedAdam"]
+    assert rows[0]["step_ratio"] == rows[0]["optimizer_ratio"] == 1.0
+    for row in rows:  # each dtype's rows against its default, the first of them
+        default = next(r for r in rows if r["dtype"] == row["dtype"])
+        assert row["step_s"] > row["optimizer_s"] > 0
+        assert row["optimizer_ratio"] == pytest.approx(row["optimizer_s"] / default["optimizer_s"])
+    (row,) = results["start"]
+    assert row["optimizer"] == "torch AdamW (default)" and row["built_ops"] == "none"
+    assert row["cold_s"] > 0 and row["warm_s"] > 0 and row["cold_vs_warm"] == pytest.approx(row["cold_s"] / row["warm_s"])
+
+
 @pytest.mark.slow
 def test_checkpoint_bench_measures_universal_conversion(tmp_path):
     """bench/checkpoint.py on the tiny model: the universal conversion is measured next to the save (time, bytes,
@@ -162,14 +182,14 @@ def test_levers_smoke_profiles_the_default_and_measures_each_lever_against_it(tm
     summed by kind, the matmuls among them), DeepSpeed's wall_clock_breakdown timers read, each lever named with --only
     run against the default in the order the script gives them (a CUDA-only one skipped with its reason), the
     default again last."""
-    only = ["loss_chunk_16384", "micro_batch_1", "attention_cudnn", "torch_fused_adamw"]  # each kind of change once
+    only = ["loss_chunk_16384", "micro_batch_1", "attention_cudnn", "deepspeed_fused_adam"]  # each kind of change once
     out = tmp_path / "levers.json"
     proc = subprocess.run([sys.executable, "bench/levers.py", "--smoke", "--only", *only, "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
     rows = {row["lever"]: row for row in results["rows"]}
-    assert list(rows) == ["default", "default+wall_clock_breakdown", "torch_fused_adamw", "attention_cudnn",
+    assert list(rows) == ["default", "default+wall_clock_breakdown", "deepspeed_fused_adam", "attention_cudnn",
                           "micro_batch_1", "loss_chunk_16384", "default (again)"]
     assert rows.pop("attention_cudnn")["note"] == "skipped: needs cuda"
     assert all(row["tokens_per_s"] > 0 and row["note"] is None for row in rows.values()), rows

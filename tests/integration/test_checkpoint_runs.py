@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, TINY, free_port, out_dir_of, succeeded, train, two_rank_run, write_ds_config
+from conftest import (REPO, TINY, free_port, out_dir_of, saved_tensors, succeeded, train, two_rank_run,
+                      write_ds_config)
 from gpt.train import checkpoint, resume, universal
 from gpt.console import BadInput
 
@@ -24,25 +25,6 @@ RESUMABLE = [*TINY, "--max_steps", "8", "--total_batch_tokens", "512", "--save_e
 
 def step_records(records):
     return [(r["step"], r["loss"], r.get("grad_norm")) for r in records if "loss" in r]
-
-
-def saved_tensors(step_dir):
-    """{file and key path: tensor} of every tensor in a checkpoint's .pt files (weights, fp32 master weights,
-    Adam's moments, RNG states)."""
-    found = {}
-
-    def walk(value, name):
-        if torch.is_tensor(value):
-            found[name] = value
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{name}/{key}")
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, f"{name}[{i}]")
-    for file in sorted(step_dir.glob("*.pt")):
-        walk(torch.load(file, map_location="cpu", weights_only=False), file.name)
-    return found
 
 
 CPU_FLAGS = next((line.split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])

@@ -1,12 +1,12 @@
 """Full and read-only disks (gpt/console.py), on small tmpfs mounts: one line, `latest` never on a partial step,
-refused up front where the run could not save; a read-only cache (torch's extensions, our downloads) named with the
-variable that moves it."""
+refused up front where the run could not save; a read-only HOME trains, and a read-only cache that a run needs
+(torch's extensions for FusedAdam, our downloads) is named with the variable that moves it."""
 import subprocess
 import sys
 
 import pytest
 
-from conftest import GPT2_VOCAB, REPO, TINY, plain_shell_env, train
+from conftest import FUSED_ADAM, GPT2_VOCAB, REPO, TINY, plain_shell_env, train, write_ds_config
 from gpt.console import BadInput
 from gpt.data import hellaswag
 from gpt.train import checkpoint, resume
@@ -74,18 +74,31 @@ def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refus
                                                  f"{megabytes(needed)}\n")
 
 
-def test_a_read_only_torch_extensions_dir_is_one_line_and_exit_2_with_nothing_written(mount, tmp_path, small_vocab_dir):
-    """DeepSpeed JIT-builds its ops there and takes a lock file there to load one already built: the run failed in
-    DeepSpeed's op build with `OSError: Read-only file system`."""
-    extensions = mount(tmp_path / "ro", "1m", read_only=True) / "torch_extensions"
-    out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--data", str(small_vocab_dir),
-                           "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**plain_shell_env(), "TORCH_EXTENSIONS_DIR": str(extensions)})
+def test_a_read_only_home_trains_and_fused_adam_there_is_one_line_and_exit_2(mount, tmp_path, small_vocab_dir):
+    """ds_configs/ train with torch's AdamW, which needs no build: a read-only HOME (torch's extensions directory
+    under it, no writable cache) trains. DeepSpeed's FusedAdam JIT-builds there and takes a lock file there to load
+    a built one: a config that asks for it is refused before anything is written (the run failed in DeepSpeed's op
+    build with `OSError: Read-only file system`)."""
+    home = mount(tmp_path / "home", "1m", read_only=True)
+    env = {k: v for k, v in plain_shell_env().items() if k not in ("TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+
+    def run(out, *flags):
+        return subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--data",
+                               str(small_vocab_dir), "--out_dir", str(out), *flags], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, env=env)
+    proc = run(tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "over AdamW" in proc.stdout and list(home.iterdir()) == []
+    fused_adam = write_ds_config(tmp_path / "fused_adam.json", "zero2_fp32.json", optimizer=FUSED_ADAM)
+    out = tmp_path / "fused"
+    proc = run(out, "--ds_config", fused_adam)
     assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]
+    extensions = home / ".cache" / "torch_extensions"
     assert proc.stderr.splitlines()[-1] == (
-        f"error: {extensions}: not writable ({tmp_path / 'ro'} is read-only or not yours), and DeepSpeed builds and "
-        f"loads its ops there: set TORCH_EXTENSIONS_DIR to a writable directory")
+        f"error: {extensions}: not writable ({home} is read-only or not yours), and DeepSpeed builds and loads its "
+        f"FusedAdam there: set XDG_CACHE_HOME or TORCH_EXTENSIONS_DIR to a writable directory, or use torch's AdamW "
+        f"(optimizer.params.torch_adam true, as ds_configs/ do)")
 
 
 def test_a_read_only_download_cache_names_the_variable_that_moves_it(mount, tmp_path, monkeypatch):

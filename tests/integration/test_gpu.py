@@ -1,7 +1,7 @@
 """The CUDA paths, on one GPU: zero1_bf16 steps learn; zero2_fp16 from a 2^32 loss scale skips steps and halves
 the scale until it fits, then learns; the default torch.compile with validation and sampling; bit-exact resume
 under --deterministic, and a run's end without NCCL's warnings; a resume through DeepSpeed's universal form; the
-fused loss against the classic one; DeepSpeed's FusedAdam JIT build; the bench's smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
+fused loss against the classic one; torch's AdamW building nothing, DeepSpeed's FusedAdam JIT build; the bench's smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
 to itself, gpt-plan --measure and --micro_batch auto. The tiny model wherever d12 itself is not the point (only
 --micro_batch auto filling the GPU is): a run's start (Python, DeepSpeed, CUDA, NCCL) costs more than its tiny
 steps, so the runs the other tests read start side by side (gpu_runs). `python -m pytest -m gpu tests` runs
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 import torch
 
-from conftest import (REPO, FixturePaths, assert_exit_0, out_dir_of, read_metrics, train, train_losses,
+from conftest import (FUSED_ADAM, REPO, FixturePaths, assert_exit_0, out_dir_of, read_metrics, train, train_losses,
                       write_ds_config)
 from gpt.train.evaluate import sample
 from gpt.model.model import GPT, PRESETS
@@ -79,7 +79,10 @@ RUNS = {
     "bench_smoke": command("bench/train.py", "--smoke", "--json", "{out}/bench.json"),
     # as NVIDIA's containers set it for Hopper
     "bf16": training(*TINY, "--ds_config", BF16, "--no-compile", "--max_steps", "8",
-                     env={"TORCH_CUDA_ARCH_LIST": "{arch}a"}),
+                     env={"TORCH_EXTENSIONS_DIR": "{out}/torch_extensions"}),
+    "fused_adam": training(*TINY, "--no-compile", "--max_steps", "8",
+                           ds_config=dict(base="zero1_bf16.json", optimizer=FUSED_ADAM),
+                           env={"TORCH_CUDA_ARCH_LIST": "{arch}a"}),
     # up to 24 skipped steps, then at least 12 that train
     "fp16_overflow": training(*TINY, "--no-compile", "--max_steps", "36",
                               ds_config=dict(base="zero2_fp16.json", fp16=FP16_OVERFLOW)),
@@ -213,13 +216,16 @@ def test_zero1_bf16_learns(gpu_runs):
     records, proc = trained(gpu_runs, "bf16")
     losses = train_losses(records)
     assert losses[0] > 10.5 and sum(losses[-3:]) / 3 < losses[0] - 2.0, losses
-    assert "bf16, ZeRO 1, BF16_Optimizer over FusedAdam" in proc.stdout
+    assert "bf16, ZeRO 1, BF16_Optimizer over AdamW" in proc.stdout
     assert "CPU Virtual Memory" not in proc.stdout  # no DeepSpeed memory dumps
+    # torch's fused AdamW: nothing built, so no nvcc needed
+    extensions = out_dir_of(proc) / "torch_extensions"
+    assert not extensions.exists() or list(extensions.iterdir()) == []
 
 
-@reads("bf16")
+@reads("fused_adam")
 def test_fused_adam_builds_with_an_arch_suffixed_torch_cuda_arch_list(gpu_runs):
-    records, proc = trained(gpu_runs, "bf16")  # started with TORCH_CUDA_ARCH_LIST=MAJOR.MINORa
+    records, proc = trained(gpu_runs, "fused_adam")  # started with TORCH_CUDA_ARCH_LIST=MAJOR.MINORa
     major, minor = torch.cuda.get_device_capability()
     assert f"TORCH_CUDA_ARCH_LIST '{major}.{minor}a' -> '{major}.{minor}' for DeepSpeed's op builder" in proc.stdout
     assert "over FusedAdam" in proc.stdout
@@ -235,7 +241,7 @@ def test_zero2_fp16_lowers_the_loss_scale_on_overflow_then_learns(gpu_runs):
     assert 0 < skipped <= 24 and records[-1]["loss_scale"] == 2.0 ** (32 - skipped)
     trained_losses = [r["loss"] for r in records[skipped:]]
     assert sum(trained_losses[-3:]) / 3 < trained_losses[0] - 1.0, trained_losses
-    assert "fp16, ZeRO 2, DeepSpeedZeroOptimizer over FusedAdam" in proc.stdout
+    assert "fp16, ZeRO 2, DeepSpeedZeroOptimizer over AdamW" in proc.stdout
 
 
 @reads("compiled", "eager")

@@ -1,7 +1,7 @@
 """Stops at any moment end cleanly (gpt/train/stop.py), and what killed runs leave behind is removed at the next
 start (gpt/runtime/host.py): a SIGTERM to the `deepspeed` command during start-up, before and after it started
-the ranks; a SIGINT during the imports; a SIGKILLed rank of two; a main thread stuck in C code; a stale
-/dev/shm allreduce buffer beside live ones; a stale JIT build lock. Each: every process gone in bounded
+the ranks; a SIGINT during the imports; a SIGKILLed rank of two; a main thread stuck in C code; a stale JIT
+build lock (FusedAdam's, for a config that asks for it). Each: every process gone in bounded
 time, one line, and the port free for the next launch (which the SIGKILL drill makes). A SIGTERM after the first step (save, exit 0) is
 tests/integration/test_checkpoint_runs.py's drill."""
 import os
@@ -16,8 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, TINY, free_port, train
-from gpt.runtime import host
+from conftest import FUSED_ADAM, REPO, TINY, free_port, train, write_ds_config
 
 ARGS = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
 GONE_WITHIN_S = 60  # generous: the machine is shared and loaded; gpt/train/stop.py's hard exit is at 10 s
@@ -184,8 +183,6 @@ def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(tm
     errors = error_lines(output)
     assert len(errors) == 1 and errors[0].startswith("error: [rank 0] lost contact with another rank"), output[-3000:]
     assert "Traceback" not in output
-    # The killed rank's /dev/shm buffer is left; any start on this machine (the suite's other launches too)
-    # removes it: test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept checks that.
     records, proc = train(tmp_path, small_vocab_dir, *ARGS, "--max_steps", "5", "--resume", "auto", ranks=2,
                           port=port)
     assert "resumed from" in proc.stdout
@@ -203,67 +200,29 @@ def hold(path, mapped):
     return process
 
 
-def test_stale_shm_buffers_are_removed_at_start_up_and_live_ones_kept(tmp_path, small_vocab_dir):
-    """Files in DeepSpeed's name pattern on an address no run uses: one no process holds, one a live process
-    has open, one it has mapped. The next start (one rank, in this process) removes only the first."""
-    name = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.99_{os.getpid()}_"
-    stale, held_open, held_mapped = (Path("/dev/shm", f"{name}{rank}") for rank in range(3))
-    holders = []
-    try:
-        for path in (stale, held_open, held_mapped):
-            path.write_bytes(b"\0" * 4096)
-        holders = [hold(held_open, mapped=False), hold(held_mapped, mapped=True)]
-        records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512")
-        # (the line "removed N ... buffer(s)" may come from another start of the suite's, which got there first)
-        assert not stale.exists() and held_open.exists() and held_mapped.exists()
-    finally:
-        for holder in holders:
-            holder.kill()
-        for path in (stale, held_open, held_mapped):
-            path.unlink(missing_ok=True)
-
-
-def test_a_buffer_opened_while_it_was_being_removed_is_kept(tmp_path, monkeypatch):
-    """The rename-first removal: a run that opens the buffer after the first look keeps it."""
-    buffer = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.99_1_0"
-    buffer.write_bytes(b"\0" * 4096)
-    first_look, holders = host.held_files, []
-
-    def opened_meanwhile(keys):
-        held = first_look(keys)
-        if not holders:
-            holders.append(hold(buffer, mapped=False))
-        return held
-
-    monkeypatch.setattr(host, "held_files", opened_meanwhile)
-    try:
-        assert host.remove_stale_shm_buffers(tmp_path) == []
-        assert buffer.exists()
-    finally:
-        holders[0].kill()
-
-
 @pytest.mark.slow
 def test_a_stale_jit_build_lock_does_not_hang_the_start(tmp_path, small_vocab_dir):
-    """A build killed mid-way leaves fused_adam/lock; torch would wait for it forever. The start removes it
-    (one line) and trains; a lock that a live process holds is left alone."""
+    """A build killed mid-way leaves fused_adam/lock; torch would wait for it forever. The start of a run with
+    FusedAdam (a JSON without torch_adam) removes it (one line) and trains; a lock that a live process holds is left
+    alone."""
     from torch.utils.cpp_extension import get_default_build_root
 
     extensions = tmp_path / "torch_extensions"
     built = Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
-    for op in ("fused_adam", "deepspeed_shm_comm"):  # built ones, when there are: no minutes of compiling here
-        if (built / op / f"{op}.so").exists():
-            shutil.copytree(built / op, extensions / op, ignore=shutil.ignore_patterns("lock"))
+    if (built / "fused_adam" / "fused_adam.so").exists():  # a built one, when there is: no minute of compiling here
+        shutil.copytree(built / "fused_adam", extensions / "fused_adam", ignore=shutil.ignore_patterns("lock"))
     (extensions / "fused_adam").mkdir(parents=True, exist_ok=True)
     stale = extensions / "fused_adam" / "lock"
     stale.touch()
+    fused_adam = write_ds_config(tmp_path / "fused_adam.json", "zero2_fp32.json", optimizer=FUSED_ADAM)
     live = extensions / "being_built" / "lock"
     live.parent.mkdir()
     live.touch()
     holder = hold(live, mapped=False)
     try:
         proc = subprocess.run([sys.executable, "train_ds.py", *ARGS, "--max_steps", "2", "--data", str(small_vocab_dir),
-                               "--out_dir", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                               "--out_dir", str(tmp_path / "out"), "--ds_config", fused_adam], cwd=REPO,
+                              capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(extensions)},
                               timeout=900)
     finally:
