@@ -3,6 +3,7 @@ DeepSpeed's torch_adam: fused, foreach, the per-tensor loop; DeepSpeed's FusedAd
 steps interleaved: the whole step's and the optimizer's own seconds (its step() timed on the device), each as a
 ratio to the default, ds_configs/' torch_adam + fused."""
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -50,6 +51,13 @@ def timed_optimizer(trainer):
     return seconds
 
 
+def per_step(seconds, steps):
+    """The optimizer's seconds in each trainer step: DeepSpeed's ZeRO optimizer steps it once per parameter group,
+    BF16_Optimizer once."""
+    calls = len(seconds) // steps
+    return [sum(seconds[i:i + calls]) for i in range(0, calls * steps, calls)]
+
+
 def measure(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
     rows = []
     for dtype in dtypes:
@@ -58,7 +66,8 @@ def measure(data, tmp, model, seq_len, micro_batch, dtypes, repeats):
                     for i, choice in enumerate(VARIANTS.values())]
         optimizer_seconds = [timed_optimizer(trainer) for trainer in trainers]
         step_seconds = interleaved_seconds(trainers, repeats)
-        optimizer_median = [sorted(s[1:])[len(s[1:]) // 2] for s in optimizer_seconds]  # past the warm-up step
+        optimizer_median = [statistics.median(per_step(s, trainer.steps)[1:])  # past the warm-up step
+                            for s, trainer in zip(optimizer_seconds, trainers)]
         for name, step_s, optimizer_s in zip(VARIANTS, step_seconds, optimizer_median):
             rows.append(dict(model=model, dtype=dtype, optimizer=name, step_s=step_s, optimizer_s=optimizer_s,
                              step_ratio=step_s / step_seconds[0], optimizer_ratio=optimizer_s / optimizer_median[0]))
