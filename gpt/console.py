@@ -8,6 +8,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -72,6 +73,17 @@ def warn(line):
 
 
 SILENT_RANK_WAIT_S = 5.0
+QUOTED_AT_MOST = 200  # characters of one value an error line quotes: a 30 MB JSON string must not fill a terminal
+LONG_VALUE = re.compile(r"""'[^']{%d,}'|"(?:[^"\\]|\\.){%d,}"|\S{%d,}""" % ((QUOTED_AT_MOST + 1,) * 3))
+
+
+def shortened(line):
+    """line with every value in it (a quoted string, or a run without spaces: a path, a number) longer than
+    QUOTED_AT_MOST cut to its start and end, saying how long it was."""
+    def cut(match):
+        value = match.group()
+        return f"{value[:QUOTED_AT_MOST - 50]}...{value[-20:]} ({len(value):,} characters)"
+    return LONG_VALUE.sub(cut, line)
 
 
 def exit_with(problem, status=1, every_rank=False, hard=False):
@@ -84,7 +96,7 @@ def exit_with(problem, status=1, every_rank=False, hard=False):
     hard: exit without the interpreter's teardown (os._exit), whose C++ destructors of a process group can abort
     the process when a peer rank has already gone."""
     lines = [str(p) for p in problem if p] if isinstance(problem, list) else [str(problem)]
-    text = "\n".join(lines)
+    text = "\n".join(shortened(line) for line in "\n".join(lines).splitlines())
     if every_rank and launched_world_size() > 1:
         text = f"[rank {launched_rank()}] {text}"
     if every_rank or launched_rank() == 0:

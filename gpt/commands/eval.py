@@ -16,7 +16,7 @@ import time
 
 from gpt.data import hellaswag
 from gpt.console import BadInput, Parser, exit_if, exit_with
-from gpt.config.settings import range_problems
+from gpt.config.settings import path_arg, range_problems
 
 from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
 from gpt.data.shards import ValidationSet, check_token_range, find_shards
@@ -58,10 +58,10 @@ def check_against_model(args, config):
 def main(argv=None):
     parser = Parser(description="Validation loss and HellaSwag for a checkpoint or HF model.")
     add_model_arguments(parser)
-    parser.add_argument("--data", help="a shard directory: validation loss on its val split")
+    parser.add_argument("--data", type=path_arg, help="a shard directory: validation loss on its val split")
     parser.add_argument("--seq_len", type=int, help="tokens per validation sequence (default: the model's block_size)")
     parser.add_argument("--val_tokens", type=int, help=f"validation tokens (default: {DEFAULT_VAL_TOKENS})")
-    parser.add_argument("--hellaswag", help="hellaswag_val.jsonl, llm.c's hellaswag_val.bin, or 'val' to download")
+    parser.add_argument("--hellaswag", type=path_arg, help="hellaswag_val.jsonl, llm.c's hellaswag_val.bin, or 'val' to download")
     parser.add_argument("--batch", type=int, default=8, help="sequences (val) / examples (HellaSwag) per forward")
     parser.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
     parser.add_argument("--json", action="store_true")

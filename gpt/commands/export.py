@@ -7,6 +7,7 @@ An --out_dir that already holds a model's files is refused unless --overwrite is
 import os
 from pathlib import Path
 
+from gpt.config.settings import path_arg
 from gpt.console import Parser, exit_if, exit_with, out_dir_problem, regular_file_problem
 from gpt.train.hf import MODEL_FILES, export
 
@@ -35,8 +36,8 @@ def check_args(args):
 
 def main(argv=None):
     parser = Parser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
-    parser.add_argument("checkpoint", help="a checkpoint directory (or its checkpoints/ parent: the newest)")
-    parser.add_argument("--out_dir", required=True)
+    parser.add_argument("checkpoint", type=path_arg, help="a checkpoint directory (or its checkpoints/ parent: the newest)")
+    parser.add_argument("--out_dir", required=True, type=path_arg)
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the model and tokenizer files --out_dir already holds")
     args = parser.parse_args(argv)

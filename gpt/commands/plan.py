@@ -15,7 +15,7 @@ from gpt.console import BadInput, Parser, exit_if, exit_with
 from gpt.model.loss import LOSSES
 from gpt.memory.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan, trainer_uses_expandable_segments
 from gpt.model.model import PRESETS, preset_config
-from gpt.config.settings import GPT3_TOKENS_PER_STEP, add_setting_arguments, range_of, range_problems
+from gpt.config.settings import GPT3_TOKENS_PER_STEP, add_setting_arguments, path_arg, range_of, range_problems
 
 
 def build_parser():
@@ -23,7 +23,7 @@ def build_parser():
     # the model's shape, as the trainer takes it
     add_setting_arguments(p, names=("model", "n_layer", "n_embd", "n_head"), choices={"model": sorted(PRESETS)})
     p.add_argument("--seq_len", type=int, default=1024)
-    p.add_argument("--ds_config", nargs="+", help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
+    p.add_argument("--ds_config", nargs="+", type=path_arg, help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
     p.add_argument("--gpu_mem", type=float, help="device memory in GiB as CUDA reports it, for a GPU not in the table; "
                                                  "with --measure, the memory of the card this GPU stands in for")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from gpt.console import BadInput, Parser, exit_if, exit_with, os_error_line
-from gpt.config.settings import range_problems
+from gpt.config.settings import path_arg, range_problems
 
 from gpt.data.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
 
@@ -42,19 +42,19 @@ def main(argv=None):
     sources = parser.add_subparsers(dest="source", required=True)
     shakespeare = sources.add_parser("shakespeare", help="the embedded default corpus")
     files = sources.add_parser("files", help="local .txt/.jsonl/.json/.parquet files or globs")
-    files.add_argument("paths", nargs="+")
+    files.add_argument("paths", nargs="+", type=path_arg)
     hub = sources.add_parser("hub", help="a Hugging Face dataset, streamed (or a local dataset directory)")
-    hub.add_argument("dataset", help="e.g. HuggingFaceFW/fineweb-edu, or a local dataset directory")
+    hub.add_argument("dataset", type=path_arg, help="e.g. HuggingFaceFW/fineweb-edu, or a local dataset directory")
     hub.add_argument("--hub_config", default=None, help="e.g. sample-10BT")
     hub.add_argument("--split", default="train")
     for sub in (shakespeare, files, hub):
-        sub.add_argument("--out_dir", required=True, help="where the .bin shards go")
+        sub.add_argument("--out_dir", required=True, type=path_arg, help="where the .bin shards go")
         sub.add_argument("--name", default=None, help="shard name prefix (default: the source's)")
         sub.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per train shard")
         sub.add_argument("--val_tokens", type=int, default=None,
                          help="validation tokens, whole documents from the start (default: --shard_tokens)")
         sub.add_argument("--workers", type=int, default=1, help="tokenizer processes")
-        sub.add_argument("--cache_dir", default=str(DEFAULT_CACHE), help="where downloaded sources are kept")
+        sub.add_argument("--cache_dir", default=str(DEFAULT_CACHE), type=path_arg, help="where downloaded sources are kept")
     for sub in (files, hub):
         sub.add_argument("--text_field", default="text", help="the column holding the text (.jsonl/.parquet)")
     args = parser.parse_args(argv)

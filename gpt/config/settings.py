@@ -87,6 +87,24 @@ class Section:
         return [p for f in fields(self) for p in field_problems(f, getattr(self, f.name))]
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: the longest path component and path Linux's file systems take
+
+
+def path_arg(text):
+    """argparse's type for a path flag (the trainer's and the tools'): refused in one line where a component, or the
+    whole, is longer than file systems take, which every look at it fails on (ENAMETOOLONG) before a check could say
+    what is wrong."""
+    encoded = os.fsencode(text)
+    longest = max(len(part) for part in encoded.split(b"/"))
+    if longest > NAME_MAX:
+        raise argparse.ArgumentTypeError(f"a path component of {longest} bytes, longer than file systems take "
+                                         f"({NAME_MAX}): {text}")
+    if len(encoded) > PATH_MAX:
+        raise argparse.ArgumentTypeError(f"a path of {len(encoded)} bytes, longer than file systems take "
+                                         f"({PATH_MAX}): {text}")
+    return text
+
+
 def micro_batch_arg(text):
     """--micro_batch: a whole number or 'auto'."""
     if text == "auto":
@@ -116,7 +134,8 @@ class ModelSection(Section):
 @dataclass(frozen=True)
 class DataSection(Section):
     """What each step reads: the shards, the sequence length, the batch."""
-    dir: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards", flag="data")
+    dir: str = setting("data/shakespeare", "directory of *_train_*.bin / *_val_*.bin shards", flag="data",
+                       type=path_arg)
     seq_len: int = setting(1024, "tokens per sequence (<= block_size)", at_least=1)
     micro_batch: int | str = setting(
         16, "sequences per rank per forward pass, or 'auto': the memory planner's choice for this device",
@@ -155,9 +174,11 @@ class CheckpointSection(Section):
     keep_last: int = setting(3, "keep the newest N checkpoints", at_least=1)
     keep_every: int = setting(0, "also keep every checkpoint whose step is a multiple of N", at_least=0)
     resume: str | None = setting(
-        None, "'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path")
+        None, "'auto' (newest complete checkpoint in --out_dir; none: fresh start) or a checkpoint path",
+        type=path_arg)
     init_from: str | None = setting(
-        None, "a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2")
+        None, "a Hugging Face GPT-2 directory (config.json + weights) to start from, e.g. OpenAI's GPT-2",
+        type=path_arg)
 
 
 @dataclass(frozen=True)
@@ -167,7 +188,8 @@ class EvaluationSection(Section):
     val_tokens: int = setting(10 * 2**20, "validation set size: the first val_tokens // seq_len sequences of the "
                                           "val split", at_least=1)
     hellaswag: str | None = setting(
-        None, "HellaSwag jsonl, llm.c hellaswag_val.bin, or 'val' (download) to score during training")
+        None, "HellaSwag jsonl, llm.c hellaswag_val.bin, or 'val' (download) to score during training",
+        type=path_arg)
     eval_every: int | None = setting(None, f"HellaSwag every N steps (with --hellaswag; default {EVAL_EVERY})",
                                      at_least=1, type=int)
     sample_every: int = setting(1000, "print samples every N steps (0: off)", at_least=0)
@@ -178,8 +200,9 @@ class EvaluationSection(Section):
 @dataclass(frozen=True)
 class RunSection(Section):
     """The run as a whole: its DeepSpeed JSON, its directory, seed, determinism, profiling, ranks."""
-    ds_config: str = setting("ds_configs/zero1_bf16.json", "DeepSpeed JSON (ds_configs/)")
-    out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/")
+    ds_config: str = setting("ds_configs/zero1_bf16.json", "DeepSpeed JSON (ds_configs/)", type=path_arg)
+    out_dir: str = setting("runs/dsgpt", "metrics.jsonl, checkpoints/, TensorBoard events in tensorboard/NAME/",
+                           type=path_arg)
     seed: int = setting(1337, None, check=lambda flag, value: seed_problem(f"--{flag}", value))
     deterministic: bool = setting(
         False, "deterministic GPU kernels, so that a rerun or resume is bit-exact on GPUs too (CPU always is)")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from gpt.config.settings import path_arg
 from gpt.console import BadInput, atomic_write, warn, write_problem
 from gpt.data.tokenizer import ENCODER_JSON_SHA256, EOT_TEXT, EOT_TOKEN, VOCAB_BPE_SHA256, gpt2_bpe_files
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, GPTConfig, state_dict_mismatch
@@ -242,8 +243,8 @@ def model_source(args):
 
 def add_model_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="one of our checkpoints (or its checkpoints/ directory: the newest)")
-    source.add_argument("--hf", help="a Hugging Face GPT-2 directory (config.json + weights)")
+    source.add_argument("--checkpoint", type=path_arg, help="one of our checkpoints (or its checkpoints/ directory: the newest)")
+    source.add_argument("--hf", type=path_arg, help="a Hugging Face GPT-2 directory (config.json + weights)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where the model runs: auto (the default) is cuda when torch sees a GPU, else cpu")
 

@@ -528,6 +528,23 @@ TRAIN_CASES = [
     (lambda t: ["--ds_config", ds_json(t, data_efficiency={"enabled": True})],
      "error: {path}: 'data_efficiency' is not honoured by this trainer (the trainer's own loader (gpt/data/shards.py) "
      "feeds every step, not DeepSpeed's data sampling and routing): remove it"),
+    (lambda t: ["--ds_config", ds_json(t, prescale_gradients=True)],
+     "error: {path}: prescale_gradients true is not supported by DeepSpeed with ZeRO 2's reduce-scatter (it averages "
+     "after the sum): remove it, or set zero_optimization.reduce_scatter false"),
+    (lambda t: ["--ds_config", ds_json(t, gradient_predivide_factor=2.0)],
+     "error: {path}: gradient_predivide_factor 2.0 is not supported by DeepSpeed with ZeRO 2's reduce-scatter: remove "
+     "it, or set zero_optimization.reduce_scatter false"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={"stage": 2, "compute_grad_norm": False})],
+     "error: {path}: zero_optimization.compute_grad_norm false leaves DeepSpeed no norm to clip with: set "
+     "gradient_clipping 0, or remove compute_grad_norm"),
+    # a value is quoted up to 200 characters: an optimizer given as a 30 MB string echoed all of it
+    (lambda t: ["--ds_config", ds_json(t, optimizer="x" * 3_000_000)],
+     "error: {path}: 'optimizer' must be a JSON object, got \"" + "x" * 149 + "..." + "x" * 19 + "\" (3,000,002 "
+     "characters)"),
+    # a path component longer than file systems take: every look at it failed (OSError: File name too long)
+    *((["--" + flag, "x" * 256], f"error: argument --{flag}: a path component of 256 bytes, longer than file systems "
+                                 f"take (255): " + "x" * 150 + "..." + "x" * 20 + " (256 characters)")
+      for flag in ("out_dir", "data", "resume", "ds_config", "init_from", "hellaswag")),
     (lambda t: ["--ds_config", ds_json(t, checkpoint={"load_universal": True})],
      "error: {path}: checkpoint.load_universal is the trainer's to set: --resume converts a checkpoint to "
      "DeepSpeed's universal form and loads it that way when the world size or ZeRO stage changed; remove it"),

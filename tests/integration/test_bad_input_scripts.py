@@ -424,6 +424,22 @@ CASES = [
      "error: {in}/hf_config_dir/config.json: a directory, not a regular file: --overwrite could not replace it"),
     ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
     ("gpt-export", "{ckpt} --out_dir=", "error: --out_dir is empty: name a directory"),
+    # a path component longer than file systems take, in every tool's path flags: one line (OSError: File name too
+    # long, from the checks' own look at it, before)
+    *((script, arguments.replace("LONG", "x" * 256), f"error: argument {flag}: a path component of 256 bytes, longer "
+       f"than file systems take (255): " + "x" * 150 + "..." + "x" * 20 + " (256 characters)")
+      for script, arguments, flag in [
+          ("gpt-prepare", "shakespeare --out_dir LONG", "--out_dir"),
+          ("gpt-prepare", "files LONG --out_dir {out}", "paths"),
+          ("gpt-prepare", "shakespeare --out_dir {out} --cache_dir LONG", "--cache_dir"),
+          ("gpt-prepare", "hub LONG --out_dir {out}", "dataset"),
+          ("gpt-plan", "--ds_config LONG", "--ds_config"),
+          ("gpt-eval", "--checkpoint LONG --data {data}", "--checkpoint"),
+          ("gpt-eval", "--checkpoint {ckpt} --data LONG", "--data"),
+          ("gpt-eval", "--checkpoint {ckpt} --hellaswag LONG", "--hellaswag"),
+          ("gpt-sample", "--hf LONG", "--hf"),
+          ("gpt-export", "LONG --out_dir {out}", "checkpoint"),
+          ("gpt-export", "{ckpt} --out_dir LONG", "--out_dir")]),
 ]
 
 
