@@ -197,17 +197,23 @@ def check_lengths(data_dir, seq_len, global_batch, validating):
     problems, window = [], seq_len + 1
     lengths = {p: len(load_shard(p)) for p in find_shards(data_dir, "train")}
     longest = max(lengths, key=lengths.get)
-    if (lengths[longest] - 1) // seq_len < global_batch:
+    if windows_in(lengths[longest], seq_len) < global_batch:
         problems.append(f"{data_dir}: no train shard holds one global batch of {global_batch} sequences of {window} "
                         f"tokens (the longest, {longest.name}, has {lengths[longest]:,}): lower --micro_batch or "
                         f"--seq_len, or prepare more text")
     if validating:
         val = find_shards(data_dir, "val")
-        if all((len(load_shard(p)) - 1) // seq_len == 0 for p in val):
+        if all(windows_in(len(load_shard(p)), seq_len) == 0 for p in val):
             problems.append(f"{val[0]}: the val split is shorter than one sequence of {window} tokens; "
                             f"lower --seq_len or turn validation off with --val_every 0")
     if problems:
         raise BadInput("\n".join(problems))
+
+
+def windows_in(tokens, seq_len):
+    """How many sequences of seq_len tokens (+1 target) a shard of `tokens` tokens holds: none in an empty one (a
+    header-only shard counted -1 and took a step off the epoch)."""
+    return max(tokens - 1, 0) // seq_len
 
 
 def _windows_to_batch(tokens, windows, seq_len):
@@ -235,7 +241,7 @@ class ShuffledTokenLoader:
         self.micro_batch, self.seq_len = micro_batch, seq_len
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.prefetch, self.pin_memory = prefetch, pin_memory
-        self.windows = [(len(load_shard(p)) - 1) // seq_len for p in self.shards]
+        self.windows = [windows_in(len(load_shard(p)), seq_len) for p in self.shards]
         self.fingerprints = fingerprints(self.shards)
         self.epoch, self.batch, self.micro_step = 0, 0, 0
         self._thread = None
@@ -391,7 +397,7 @@ class ValidationSet:
         self.seq_len, self.micro_batch = seq_len, micro_batch
         self.windows = []  # (shard path, window index)
         for path in shard_paths:
-            available = (len(load_shard(path)) - 1) // seq_len
+            available = windows_in(len(load_shard(path)), seq_len)
             self.windows += [(path, w) for w in range(min(available, num_sequences - len(self.windows)))]
         if not self.windows:
             raise BadInput(f"{shard_paths[0]}: the val split is shorter than one sequence of {seq_len} tokens")

@@ -156,3 +156,15 @@ def test_validation_set_is_the_same_at_every_world_size(shards):
     counts = [ValidationSet(val, SEQ, 7, MICRO, rank=r, world_size=2).batch_count() for r in (0, 1)]
     assert counts == [len([x for x, _ in ValidationSet(val, SEQ, 7, MICRO, rank=r, world_size=2).batches()])
                       for r in (0, 1)]  # the progress bar's total
+
+
+def test_a_header_only_shard_changes_no_count(tmp_path):
+    """An empty shard (a valid header, no tokens) beside a good one holds no window: it counted -1 and took a step
+    off the epoch (2,922 steps/epoch said where the good shard alone holds 2,923)."""
+    write_shard(tmp_path / "c_train_000001.bin", np.arange(8 * 16 + 1, dtype=np.uint16))
+    alone = ShuffledTokenLoader(find_shards(tmp_path, "train"), micro_batch=2, seq_len=16, prefetch=1)
+    write_shard(tmp_path / "c_train_000002.bin", np.zeros(0, dtype=np.uint16))
+    beside = ShuffledTokenLoader(find_shards(tmp_path, "train"), micro_batch=2, seq_len=16, prefetch=1)
+    assert alone.windows == [8] and beside.windows == [8, 0]
+    assert sum(beside.batches_per_shard) == sum(alone.batches_per_shard) == 4
+    alone.close(), beside.close()
