@@ -38,8 +38,8 @@ def check_writable(out_dir, data_dir=None):
     """--out_dir and its checkpoints/ can be made and written (the nearest existing ancestor of each is a
     writable directory: a read-only checkpoints/ would fail only at the first save), nothing is in the way of
     the files the run writes there (run_path_problems), --out_dir is not --data (the run's files would land among
-    the shards), and it is not itself a run's checkpoints/ directory or one of its checkpoints (the run would mix
-    its files into them)."""
+    the shards), and it is neither a run's checkpoints/ directory or one of its checkpoints (the run would mix
+    its files into them) nor anywhere inside them (that run's pruning would delete this one's)."""
     problem = out_dir_problem("--out_dir", out_dir)
     if problem:
         raise BadInput(problem)
@@ -53,12 +53,22 @@ def check_writable(out_dir, data_dir=None):
     if (out_dir / COMPLETE).exists() or (out_dir / RUN_CONFIG).exists():
         raise BadInput(f"--out_dir {out_dir} is a checkpoint of the run in {out_dir.parent.parent}: to "
                        f"continue that run, use --out_dir {out_dir.parent.parent} --resume auto")
-    if (out_dir / LATEST).is_file() or any(TAG_PATTERN.match(p.name) for p in out_dir.glob("step_*")):
+    if is_checkpoints_dir(out_dir):
         raise BadInput(f"--out_dir {out_dir} is the checkpoints directory of the run in {out_dir.parent}: to "
                        f"continue that run, use --out_dir {out_dir.parent} --resume auto")
+    inside = next((a for a in out_dir.absolute().parents if a.name == CHECKPOINTS and is_checkpoints_dir(a)), None)
+    if inside is not None:
+        raise BadInput(f"--out_dir {out_dir} is inside the checkpoints of the run in {inside.parent}, whose pruning "
+                       f"(--keep_last) deletes its old steps with whatever lies in them: use an --out_dir outside "
+                       f"{inside}")
     ckpt_dir = nearest_existing(checkpoint_dir(out_dir))
     if ckpt_dir.is_dir() and not os.access(ckpt_dir, os.W_OK | os.X_OK):
         raise BadInput(f"--out_dir {out_dir}: {ckpt_dir} is not writable")
+
+
+def is_checkpoints_dir(path):
+    """Whether path holds a run's checkpoints: `latest`, or a step directory."""
+    return (path / LATEST).is_file() or any(TAG_PATTERN.match(p.name) for p in path.glob("step_*"))
 
 
 def check_space(out_dir, resume_from):

@@ -632,6 +632,20 @@ def test_an_out_dir_that_is_a_file(run_main, tmp_path):
         2, f"error: --out_dir {tmp_path / 'out'} is a file, not a directory\n")
 
 
+@pytest.mark.parametrize("inside", ["checkpoints/step_00000001/ft", "checkpoints/ft/deeper"])
+def test_an_out_dir_inside_another_runs_checkpoints_is_refused(run_main, tmp_path, inside):
+    """Fine-tuning "next to" the checkpoint it came from was accepted, and the other run's next resume pruned that
+    step with the new run in it."""
+    other = tmp_path / "runA"
+    (other / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (other / "checkpoints" / "latest").write_text("step_00000001")
+    out = other / inside
+    assert run_main("--out_dir", str(out)) == (
+        2, f"error: --out_dir {out} is inside the checkpoints of the run in {other}, whose pruning (--keep_last) "
+           f"deletes its old steps with whatever lies in them: use an --out_dir outside {other / 'checkpoints'}\n")
+    assert sorted(p.name for p in (other / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+
+
 @pytest.mark.slow
 def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tmp_path):
     """A second corpus beside the first would join its splits; other inputs under the same name would be
