@@ -202,6 +202,11 @@ def directory_problem(path):
         (kind for test, kind in NOT_REGULAR if test(mode)), "a special file")) + ", not a directory"
 
 
+# How a JSON value's type reads in a problem (a record's field, a progress file's key)
+JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+              list: "an array", dict: "an object"}
+
+
 def json_line(line, where, error):
     """One line of a JSON Lines file (bytes) decoded, or `error` naming where it is and what is wrong."""
     try:

@@ -10,10 +10,13 @@ of --shard_tokens each, as llm.c names them. Memory stays flat: documents stream
 tokenizer processes into one shard-sized buffer. Each shard is renamed into place only when complete, and
 a progress file lets a re-run skip the shards already written. Local files are read through once first, so
 that a missing, empty or malformed file (or record) is an error before anything is written."""
+import contextlib
+import fcntl
 import glob
 import gzip
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,8 +29,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gpt.console import BadInput, atomic_write, download_cache, json_line, out_dir_problem, regular_file_problem
-from gpt.data.shards import HEADER_BYTES, shard_name, write_shard
+from gpt.console import JSON_TYPES, BadInput, download_cache, json_line, out_dir_problem, regular_file_problem
+from gpt.data.shard_writer import ShardWriter
+from gpt.data.shards import HEADER_BYTES
 from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
 DEFAULT_CACHE = download_cache()
@@ -84,10 +88,6 @@ def shakespeare_documents(cache_dir=DEFAULT_CACHE):
 def shakespeare_corpus(args):
     splits = shakespeare_documents(args.cache_dir)
     return Corpus(splits["val"] + splits["train"], val_documents=len(splits["val"]))
-
-
-JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
-              list: "an array", dict: "an object"}
 
 
 def record_text(row, text_field, where):
@@ -267,107 +267,6 @@ def tokenized(documents, workers):
             yield pending.popleft().result()
 
 
-# What a progress file holds: key -> (the types its value may have, how the problem reads)
-PROGRESS_KEYS = {"settings": (dict, "an object"), "shards": (list, "a list"), "documents": (int, "a whole number"),
-                 "carry": (int, "a whole number"), "complete": (bool, "true or false")}
-
-
-def read_progress(path):
-    """A progress file as ShardWriter wrote it, or a BadInput saying how it is damaged (cut short by a full disk,
-    edited by hand): the shards beside it cannot be trusted to continue from."""
-    def damaged(problem):
-        return BadInput(f"{path}: damaged progress file ({problem}): prepare into another --out_dir, or delete the "
-                        f"shards beside it and this file")
-    if regular_file_problem(path):
-        raise BadInput(regular_file_problem(path))
-    data = Path(path).read_bytes()
-    try:
-        progress = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise damaged(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}") from None
-    except json.JSONDecodeError as e:
-        raise damaged(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    if not isinstance(progress, dict):
-        raise damaged(f"{JSON_TYPES.get(type(progress))}, not an object")
-    for key, (types, kind) in PROGRESS_KEYS.items():
-        if key not in progress:
-            raise damaged(f"no '{key}'")
-        value = progress[key]
-        if not isinstance(value, types) or (types is int and (isinstance(value, bool) or value < 0)):
-            raise damaged(f"'{key}' is {json.dumps(value)[:40]}, not {kind}")
-    if not all(isinstance(name, str) and Path(name).name == name for name in progress["shards"]):
-        raise damaged("'shards' must list file names")
-    return progress
-
-
-class ShardWriter:
-    """Fills shard-sized buffers from a stream of documents and records, after every completed shard,
-    how far into the document stream it got, so that an interrupted run resumes without redoing shards."""
-
-    def __init__(self, out_dir, name, shard_tokens, settings):
-        self.out_dir, self.name, self.shard_tokens = Path(out_dir), name, shard_tokens
-        self.progress_path = self.out_dir / f"{name}_prepare.json"
-        self.progress = {"settings": settings, "shards": [], "documents": 0, "carry": 0, "complete": False}
-        if self.progress_path.exists():
-            saved = read_progress(self.progress_path)
-            if saved["settings"] != settings:
-                raise BadInput(f"{self.progress_path}: {out_dir} was prepared with other settings "
-                               f"{saved['settings']}; use another --out_dir or delete it")
-            self.progress = saved
-        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
-        self.fill = 0
-        self.documents = self.progress["documents"]  # documents wholly in written shards or the buffer
-        self.carry = self.progress["carry"]  # tokens of the current document already written
-
-    @property
-    def in_val(self):
-        return not self.progress["shards"]  # shard 0 is the validation split
-
-    def add(self, tokens, lengths):
-        """Append documents; a document crossing a train shard's boundary continues in the next shard.
-        The val shard grows to hold whole documents."""
-        position = 0
-        for length in lengths:
-            document = tokens[position:position + length]
-            position += length
-            while len(document):
-                if self.in_val and self.fill + len(document) > len(self.buffer):
-                    self.buffer = np.concatenate([self.buffer[:self.fill], document])
-                    self.fill += len(document)
-                    take = len(document)
-                else:
-                    take = min(len(document), len(self.buffer) - self.fill)
-                    self.buffer[self.fill:self.fill + take] = document[:take]
-                    self.fill += take
-                document = document[take:]
-                self.carry = 0 if not len(document) else self.carry + take
-                self.documents += not len(document)
-                if self.fill == len(self.buffer) and not self.in_val:
-                    self.flush()
-
-    def flush(self):
-        """Write what the buffer holds as the next shard."""
-        if not self.fill:
-            return
-        self.out_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused or failed run leaves nothing behind
-        index = len(self.progress["shards"])
-        path = self.out_dir / shard_name(self.name, "val" if index == 0 else "train", index)
-        write_shard(path, self.buffer[:self.fill])
-        self.progress["shards"].append(path.name)
-        self.progress.update(documents=self.documents, carry=self.carry)
-        self._save()
-        self.buffer, self.fill = np.empty(self.shard_tokens, dtype=np.uint16), 0
-
-    def finish(self):
-        self.flush()
-        self.progress["complete"] = True
-        self._save()
-
-    def _save(self):
-        with atomic_write(self.progress_path) as tmp:
-            tmp.write_text(json.dumps(self.progress, indent=1))
-
-
 def val_documents_in(corpus, writer, lengths, val_tokens):
     """How many of these documents (the next in the stream) still belong to the validation split."""
     if not writer.in_val:
@@ -380,13 +279,45 @@ def val_documents_in(corpus, writer, lengths, val_tokens):
 
 def check_no_other_corpus(out_dir, name):
     """Training reads every *_train_* and *_val_* shard of a directory: refuse to write a corpus beside
-    another one's shards, which would silently join its training or validation split."""
+    another one's shards, which would silently join its training or validation split; and refuse to write over
+    shards of this name that no preparation of ours recorded (no NAME_prepare.json): llm.c's, or another tool's."""
     own = re.compile(rf"{re.escape(name)}_(train|val)_\d{{6}}")
-    foreign = sorted(p.name for p in out_dir.glob("*_*_*") if p.suffix in (".bin", ".npy")
-                     and re.fullmatch(r".+_(train|val)_\d+", p.stem) and not own.fullmatch(p.stem))
+    shards = sorted(p.name for p in out_dir.glob("*_*_*") if p.suffix in (".bin", ".npy")
+                    and re.fullmatch(r".+_(train|val)_\d+", p.stem))
+    foreign = [shard for shard in shards if not own.fullmatch(Path(shard).stem)]
     if foreign:
-        raise BadInput(f"{out_dir} already holds shards of another corpus ({', '.join(foreign[:3])}"
-                       f"{', ...' if len(foreign) > 3 else ''}): a training run would read both; use another --out_dir")
+        raise BadInput(f"{out_dir} already holds shards of another corpus ({listed(foreign)}): a training run would "
+                       f"read both; use another --out_dir")
+    files = [shard for shard in shards if (out_dir / shard).is_file()]
+    if files and not (out_dir / f"{name}_prepare.json").exists():
+        raise BadInput(f"{out_dir} holds shards that gpt-prepare did not write ({listed(files)}; no "
+                       f"{name}_prepare.json): they would be overwritten; use another --out_dir, or move them away")
+
+
+def listed(names, at_most=3):
+    """The first few of names, and how many more."""
+    return ", ".join(names[:at_most]) + (f" and {len(names) - at_most} more" if len(names) > at_most else "")
+
+
+@contextlib.contextmanager
+def only_preparation(out_dir):
+    """One gpt-prepare per --out_dir at a time: an exclusive flock on the directory itself, which the kernel drops
+    however the process ends (as the trainer's run.lock). Two at once, of different corpora, both reported their
+    token counts, and the directory held one corpus. A directory made here and left empty is removed again."""
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(f"--out_dir {out_dir}: another gpt-prepare is writing there; wait for it to end, or use "
+                           f"another --out_dir") from None
+        yield
+    finally:
+        os.close(descriptor)
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()
 
 
 def check_out_dir(out_dir, name):
@@ -401,6 +332,13 @@ def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
     """Write the shards; returns {'val': tokens, 'train': tokens} over all shards of out_dir."""
     out_dir = Path(out_dir)
     check_out_dir(out_dir, name)
+    with only_preparation(out_dir):
+        check_no_other_corpus(out_dir, name)  # again, now that no other preparation writes there
+        return write_shards(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings)
+
+
+def write_shards(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
+    """prepare()'s work, once out_dir is this preparation's alone."""
     writer = ShardWriter(out_dir, name, shard_tokens, settings)
     if not writer.progress["complete"]:
         documents = iter(corpus.documents)

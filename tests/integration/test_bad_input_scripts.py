@@ -46,7 +46,7 @@ BAD_FILES = {
     "hf_bert/config.json": json.dumps({**HF_CONFIG, "model_type": "bert"}),
     "hf_no_weights/config.json": json.dumps(HF_CONFIG),
     "hf_bad_weights/config.json": json.dumps(HF_CONFIG), "hf_bad_weights/model.safetensors": b"garbage" * 10,
-    "no_shards/readme.txt": "nothing here",
+    "no_shards/readme.txt": "nothing here", "llmc_shards/shakespeare_train_000001.bin": bytes(1024 + 64),
     "ds_twice.json": '{"zero_optimization": {"stage": 1, "stage": 2}}', "ds_latin1.json": b'{"x": "caf\xe9"}',
     "ds_bucket.json": json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": -1}}),
     "hs_empty_ctx.jsonl": jsonl({**HELLASWAG, "ctx": ""}),
@@ -424,6 +424,10 @@ CASES = [
      "error: {in}/hf_config_dir/config.json: a directory, not a regular file: --overwrite could not replace it"),
     ("gpt-export", "{ckpt}", "error: the following arguments are required: --out_dir"),
     ("gpt-export", "{ckpt} --out_dir=", "error: --out_dir is empty: name a directory"),
+    # shards of the corpus's own name that no preparation of ours recorded (llm.c's): they were overwritten
+    ("gpt-prepare", "shakespeare --out_dir {in}/llmc_shards",
+     "error: {in}/llmc_shards holds shards that gpt-prepare did not write (shakespeare_train_000001.bin; no "
+     "shakespeare_prepare.json): they would be overwritten; use another --out_dir, or move them away"),
     # a path component longer than file systems take, in every tool's path flags: one line (OSError: File name too
     # long, from the checks' own look at it, before)
     *((script, arguments.replace("LONG", "x" * 256), f"error: argument {flag}: a path component of 256 bytes, longer "

@@ -109,7 +109,7 @@ def test_a_directory_where_a_shard_goes_is_one_line_and_leaves_no_partial_file(t
 def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "out" / "corpus_val_000000.bin.tmp"))
-    monkeypatch.setattr("gpt.data.prepare.write_shard", full)
+    monkeypatch.setattr("gpt.data.shard_writer.write_shard", full)
     text = tmp_path / "docs.jsonl"
     text.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS[:20]))
     with pytest.raises(SystemExit) as exit_info:
