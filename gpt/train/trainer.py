@@ -185,6 +185,8 @@ class Trainer:
             state, rng_problem = checkpoint.load(engine, path, load_optimizer_states=kind != "weights",
                                                  restore_rng=kind == "exact")
         if kind != "weights":
+            for note in ds_engine.reapply_run_settings(engine, settings.optimizer.weight_decay):
+                say0(f"resume: {note}")
             ds_engine.settle_adam_state(engine)  # e.g. a FusedAdam checkpoint's step count as torch's AdamW keeps it
         if engine.global_rank == 0:
             checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.run.out_dir), path)

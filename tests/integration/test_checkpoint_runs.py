@@ -74,6 +74,42 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, request, 
     assert [name for name in whole_state if not torch.equal(whole_state[name], resumed_state[name])] == []
 
 
+def saved_param_groups(step_dir):
+    """The optimizer's param groups a checkpoint holds (rank 0's ZeRO file): the settings its run stepped with."""
+    (path,) = step_dir.glob("*zero_pp_rank_0_*optim_states.pt")
+    return torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]["base_optimizer_state"][
+        "param_groups"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_resume_applies_the_optimizer_settings_it_is_given(tmp_path, small_vocab_dir, precision):
+    """DeepSpeed loads the param groups, the gradient clipping and fp16's loss scaler as the checkpoint saved them:
+    --weight_decay 0.0 on a run trained with 0.1 kept 0.1, and so did a changed JSON, without a word. The run's flags
+    and JSON now apply from the resumed step on, each said in one line; a resume that changes nothing says nothing
+    (and stays bit-exact: test_resume_reproduces_the_uninterrupted_run_bit_for_bit)."""
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "hysteresis": 2, "min_loss_scale": 1}
+    before = write_ds_config(tmp_path / "before.json", "zero2_fp32.json", stage=2, precision="fp32",
+                             **({"fp16": fp16} if precision == "fp16" else {}))
+    after = write_ds_config(tmp_path / "after.json", "zero2_fp32.json", gradient_clipping=0.5, optimizer={
+        "type": "AdamW", "params": {"betas": [0.9, 0.99], "eps": 1e-08, "torch_adam": True, "fused": True}},
+        **({"fp16": {**fp16, "hysteresis": 4, "loss_scale_window": 50}} if precision == "fp16" else {}))
+    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2", *(["--cpu_fp16"] if precision == "fp16" else [])]
+    train(tmp_path, small_vocab_dir, *flags, "--max_steps", "2", "--ds_config", before)
+    _, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "4", "--ds_config", after, "--resume", "auto",
+                    "--weight_decay", "0.05")
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("resume: ")]
+    assert notes == ["resume: --weight_decay 0.05 applied (the checkpoint's run had 0.1)",
+                     "resume: optimizer.params.betas [0.9, 0.99] applied (the checkpoint's run had [0.9, 0.95])",
+                     "resume: gradient_clipping 0.5 applied (the checkpoint's run had 1.0)"] + (
+        ["resume: fp16.loss_scale_window 50 applied (the checkpoint's run had 1000)",
+         "resume: fp16.hysteresis 4 applied (the checkpoint's run had 2)"] if precision == "fp16" else [])
+    groups = saved_param_groups(tmp_path / "checkpoints" / "step_00000003")
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0] and all(list(g["betas"]) == [0.9, 0.99] for g in groups)
+    _, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "5", "--ds_config", after, "--resume", "auto",
+                    "--weight_decay", "0.05")
+    assert "resume: " not in proc.stdout  # nothing changed since
+
+
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir):
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
