@@ -178,8 +178,10 @@ def example_losses(model, examples, device, block_size):
 
 
 @torch.no_grad()
-def evaluate(model, examples, device, block_size, batch_examples=8, progress=False):
-    """{'acc', 'acc_norm', 'examples'}: rank r of W scores examples r, r + W, ...; counts are summed."""
+def evaluate(model, examples, device, block_size, batch_examples=8, progress=False, cut_short=lambda: False):
+    """{'acc', 'acc_norm', 'examples'}: rank r of W scores examples r, r + W, ...; counts are summed. None once
+    cut_short(), asked before each batch (a stop request), is true: the rest is skipped (the sum still runs, once,
+    as on every rank)."""
     from tqdm import tqdm
 
     was_training = model.training
@@ -187,8 +189,11 @@ def evaluate(model, examples, device, block_size, batch_examples=8, progress=Fal
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = examples[rank::world]
     counts = torch.zeros(3, dtype=torch.float64)  # correct by sum, correct by mean, examples
-    batches = range(0, len(mine), batch_examples)
+    batches, stopped = range(0, len(mine), batch_examples), False
     for start in tqdm(batches, desc="hellaswag", disable=not (progress and rank == 0)):
+        stopped = cut_short()
+        if stopped:
+            break
         group = mine[start:start + batch_examples]
         summed, mean = example_losses(model, group, device, block_size)
         labels = torch.tensor([e.label for e in group])
@@ -199,5 +204,7 @@ def evaluate(model, examples, device, block_size, batch_examples=8, progress=Fal
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
         counts = counts.cpu()
     model.train(was_training)
+    if stopped:
+        return None
     return {"acc": counts[0].item() / counts[2].item(), "acc_norm": counts[1].item() / counts[2].item(),
             "examples": int(counts[2].item())}

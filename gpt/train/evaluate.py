@@ -7,37 +7,49 @@ from gpt.data.tokenizer import gpt2_tokenizer
 SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
 
 
+def never():
+    return False
+
+
 @torch.no_grad()
-def validation_loss(model, val_set, device, progress=False):
+def validation_loss(model, val_set, device, progress=False, cut_short=never):
     """Mean loss over every sequence of the validation set, whatever the world size: each rank scores its
-    share, and the sums of losses and of sequences are reduced over ranks. progress: a bar on stderr (rank 0)."""
+    share, and the sums of losses and of sequences are reduced over ranks. progress: a bar on stderr (rank 0).
+    cut_short: asked before each batch (a stop request); once true the rest is skipped and None returned (the
+    reduction still runs, once, as on every rank)."""
     from tqdm import tqdm
 
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, device=device)  # (sum of per-sequence losses, sequences); stays on device
     rank = dist.get_rank() if dist.is_initialized() else 0
+    stopped = False
     for x, y in tqdm(val_set.batches(), desc="val_loss", total=val_set.batch_count(),
                      disable=not (progress and rank == 0)):
+        stopped = cut_short()
+        if stopped:
+            break
         _, loss = model(x.to(device), y.to(device))
         totals += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
     if dist.is_initialized():
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     model.train(was_training)
-    return (totals[0] / totals[1]).item()
+    return None if stopped else (totals[0] / totals[1]).item()
 
 
 @torch.no_grad()
-def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=1.0, top_k=50):
+def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=1.0, top_k=50, cut_short=never):
     """Autoregressive top-k sampling on `device`. Draws only from `generator`, so the training RNG is untouched
     and a fixed generator seed reproduces the text (on the same device). The generator may live on the CPU
     whatever the device (the top-k probabilities go to it for the draw) or on the device. Returns the prompt
-    plus the new token ids."""
+    plus the new token ids: fewer once cut_short(), asked before each token, is true (a stop request)."""
     was_training = model.training
     model.eval()
     block_size = model.config.block_size
     idx = torch.tensor([prompt_tokens], dtype=torch.long, device=device)
     for _ in range(max_new_tokens):
+        if cut_short():
+            break
         logits, _ = model(idx[:, -block_size:])
         logits = logits[0, -1, :model.config.real_vocab_size].float()  # padded ids (-inf already) never drawn
         top_values, top_ids = torch.topk(logits, min(top_k, logits.numel()))  # sorted: the largest first
@@ -50,10 +62,10 @@ def sample(model, prompt_tokens, max_new_tokens, generator, device, temperature=
     return idx[0].tolist()
 
 
-def sample_text(model, max_new_tokens, seed, device):
+def sample_text(model, max_new_tokens, seed, device, cut_short=never):
     """The trainer's sample: max_new_tokens after SAMPLE_PROMPT, drawn from a generator of its own seeded with
-    `seed` (the training RNG untouched), decoded."""
+    `seed` (the training RNG untouched), decoded; None when cut_short() stopped it."""
     tokenizer = gpt2_tokenizer()
     tokens = sample(model, tokenizer.encode_ordinary(SAMPLE_PROMPT), max_new_tokens,
-                    torch.Generator().manual_seed(seed), device)
-    return tokenizer.decode(tokens)
+                    torch.Generator().manual_seed(seed), device, cut_short=cut_short)
+    return None if cut_short() else tokenizer.decode(tokens)

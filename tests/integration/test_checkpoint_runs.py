@@ -131,6 +131,31 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_during_a_long_sample_cuts_it_short_and_saves(tmp_path, shakespeare_dir, signum):
+    """A SIGTERM while the trainer wrote a 1,500-token sample (d4) kept sampling for minutes before saving: a
+    scheduler's grace period (Slurm's default: 30 s) would have killed it first. The signal is sent once step 0 is
+    logged, when the sample of step 0 (4,096 tokens of d4 with GPT-2's vocabulary: a minute on a 2-core EPYC) begins;
+    the run saves step 0 and exits 0 without the sample (validation and HellaSwag are cut the same way)."""
+    cmd = [sys.executable, "train_ds.py", "--model", "d4", "--seq_len", "64", "--micro_batch", "2",
+           "--total_batch_tokens", "128", "--max_steps", "50", "--val_every", "0", "--sample_every", "1",
+           "--sample_tokens", "4096", "--save_every", "0", "--ds_config", "ds_configs/zero2_fp32.json",
+           "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step     0/"):
+            proc.send_signal(signum)
+            break
+    output = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 0, output[-3000:]
+    assert "step     0 | evaluation skipped or cut short: stopping" in output
+    assert f"stopped by {signum.name}: checkpoint saved, exiting" in output and "sample at step" not in output
+    assert checkpoint.complete_tags(tmp_path / "checkpoints") == ["step_00000000"]
+
+
+@pytest.mark.slow
 def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(tmp_path, small_vocab_dir):
     """A resumed run's first step (step 2), then its validation, which takes a minute on a 2-core EPYC (a CPU step
     can take minutes): a SIGINT there is answered on stderr at once; the same again, at least AT_ONCE_AFTER_S later,
