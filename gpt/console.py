@@ -6,6 +6,7 @@ module may use it; ranks are read from the launcher's environment, before any pr
 import argparse
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -107,6 +108,21 @@ def exit_with(problem, status=1, every_rank=False, hard=False):
         sys.stdout.flush()
         os._exit(status)
     sys.exit(status)
+
+
+def one_line_on_ctrl_c(then):
+    """A console tool's main, ended by Ctrl-C in one line, `error: stopped by Ctrl-C (SIGINT): <then>` (what a rerun
+    does), exit status 130, instead of a KeyboardInterrupt traceback from wherever the main thread was. (The trainer's
+    stops: gpt/train/stop.py.)"""
+    def decorate(main):
+        @functools.wraps(main)
+        def guarded(*args, **kwargs):
+            try:
+                return main(*args, **kwargs)
+            except KeyboardInterrupt:
+                exit_with(f"stopped by Ctrl-C (SIGINT): {then}", 130)
+        return guarded
+    return decorate
 
 
 def exit_if(problems, status=1):

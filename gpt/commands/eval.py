@@ -15,7 +15,7 @@ import json
 import time
 
 from gpt.data import hellaswag
-from gpt.console import BadInput, Parser, exit_if, exit_with
+from gpt.console import BadInput, Parser, exit_if, exit_with, one_line_on_ctrl_c
 from gpt.config.settings import path_arg, range_problems
 
 from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
@@ -55,6 +55,7 @@ def check_against_model(args, config):
     return problems, seq_len
 
 
+@one_line_on_ctrl_c("nothing was written")
 def main(argv=None):
     parser = Parser(description="Validation loss and HellaSwag for a checkpoint or HF model.")
     add_model_arguments(parser)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from gpt.config.settings import path_arg
-from gpt.console import Parser, exit_if, exit_with, out_dir_problem, regular_file_problem
+from gpt.console import Parser, exit_if, exit_with, one_line_on_ctrl_c, out_dir_problem, regular_file_problem
 from gpt.train.hf import MODEL_FILES, export
 
 
@@ -34,6 +34,7 @@ def check_args(args):
     return []
 
 
+@one_line_on_ctrl_c("its files are renamed into place only once all are complete: none was half-written")
 def main(argv=None):
     parser = Parser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
     parser.add_argument("checkpoint", type=path_arg, help="a checkpoint directory (or its checkpoints/ parent: the newest)")

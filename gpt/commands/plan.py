@@ -11,7 +11,7 @@ import math
 import sys
 
 from gpt.config import ds_checks
-from gpt.console import BadInput, Parser, exit_if, exit_with
+from gpt.console import BadInput, Parser, exit_if, exit_with, one_line_on_ctrl_c
 from gpt.model.loss import LOSSES
 from gpt.memory.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan, trainer_uses_expandable_segments
 from gpt.model.model import PRESETS, preset_config
@@ -95,6 +95,7 @@ def check_args(args):
     return problems, config
 
 
+@one_line_on_ctrl_c("nothing was written")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     problems, config = check_args(args)

@@ -7,10 +7,8 @@
 import os
 from pathlib import Path
 
-from gpt.console import BadInput, Parser, exit_if, exit_with, os_error_line
+from gpt.console import BadInput, Parser, download_cache, exit_if, exit_with, one_line_on_ctrl_c, os_error_line
 from gpt.config.settings import path_arg, range_problems
-
-from gpt.data.prepare import DEFAULT_CACHE, SOURCES, check_out_dir, prepare
 
 MAX_SHARD_TOKENS = 2**31 - 1  # the llm.c header's token count is an int32
 SHARD_HEADER_LIMIT = "llm.c's shard header holds the token count as an int32"
@@ -37,7 +35,10 @@ def check_args(args, name):
     return problems
 
 
+@one_line_on_ctrl_c("the shards complete so far are kept; the same command again continues after them")
 def main(argv=None):
+    from gpt.data.prepare import SOURCES, check_out_dir, prepare  # here: a Ctrl-C while torch imports is one line too
+
     parser = Parser(description="Turn a corpus into GPT-2 token shards (llm.c format).")
     sources = parser.add_subparsers(dest="source", required=True)
     shakespeare = sources.add_parser("shakespeare", help="the embedded default corpus")
@@ -54,7 +55,7 @@ def main(argv=None):
         sub.add_argument("--val_tokens", type=int, default=None,
                          help="validation tokens, whole documents from the start (default: --shard_tokens)")
         sub.add_argument("--workers", type=int, default=1, help="tokenizer processes")
-        sub.add_argument("--cache_dir", default=str(DEFAULT_CACHE), type=path_arg, help="where downloaded sources are kept")
+        sub.add_argument("--cache_dir", default=str(download_cache()), type=path_arg, help="where downloaded sources are kept")
     for sub in (files, hub):
         sub.add_argument("--text_field", default="text", help="the column holding the text (.jsonl/.parquet)")
     args = parser.parse_args(argv)

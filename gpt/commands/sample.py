@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from gpt.console import BadInput, Parser, exit_if, exit_with
+from gpt.console import BadInput, Parser, exit_if, exit_with, one_line_on_ctrl_c
 from gpt.config.settings import range_problems, seed_problem
 
 from gpt.train.hf import add_model_arguments, choose_device, evaluation_precision, model_problems, model_source
@@ -42,6 +42,7 @@ def prompt_problem(prompt):
     return None
 
 
+@one_line_on_ctrl_c("nothing was written")
 def main(argv=None):
     parser = Parser(description="Sample text from a checkpoint or HF model.")
     add_model_arguments(parser)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -257,14 +258,20 @@ def tokenized(documents, workers):
     if workers <= 1:
         yield from map(encode_documents, tasks)
         return
-    with ProcessPoolExecutor(workers) as pool:
-        pending = deque()
-        for task in tasks:
-            pending.append(pool.submit(encode_documents, task))
-            if len(pending) >= 2 * workers:
+    # the workers leave a Ctrl-C to this process (each printed a KeyboardInterrupt traceback), which then cancels what
+    # they have not started
+    with ProcessPoolExecutor(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+        try:
+            pending = deque()
+            for task in tasks:
+                pending.append(pool.submit(encode_documents, task))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
                 yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 def val_documents_in(corpus, writer, lengths, val_tokens):

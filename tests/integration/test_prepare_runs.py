@@ -1,8 +1,11 @@
-"""gpt-prepare as a process: offline hub and bad files are clear errors (the rest: tests/unit/test_prepare.py)."""
+"""gpt-prepare as a process: offline hub and bad files are clear errors, one preparation per directory, Ctrl-C in one
+line (the rest: tests/unit/test_prepare.py)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,3 +58,31 @@ def test_a_second_preparation_into_a_directory_being_written_is_refused(tmp_path
     assert not out.exists()  # made for the lock, and removed again while empty
     main(argv)  # alone, it runs
     assert "corpus_prepare.json" in {p.name for p in out.iterdir()}
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_preparation_with_workers_is_one_line_and_a_rerun_finishes_the_same_shards(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) to `gpt-prepare --workers 2` printed
+    KeyboardInterrupt tracebacks from the main process and each worker. Sent once a train shard is complete."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Line {i} of a long and plain document. " * 40}) + "\n"
+                              for i in range(4000)))
+    argv = [sys.executable, "-m", "gpt.commands.prepare", "files", str(corpus), "--workers", "2", "--val_tokens",
+            "1000", "--shard_tokens", "1000"]
+    interrupted, whole = tmp_path / "interrupted", tmp_path / "whole"
+    proc = subprocess.Popen([*argv, "--out_dir", str(interrupted)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal starts it
+    while not (interrupted / "corpus_train_000002.bin").exists() and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert [line for line in stderr.splitlines() if line.strip()][-1:] == [
+        "error: stopped by Ctrl-C (SIGINT): the shards complete so far are kept; the same command again continues "
+        "after them"]
+    assert "resuming after" in run_prepare(*argv[3:], "--out_dir", str(interrupted)).stdout
+    run_prepare(*argv[3:], "--out_dir", str(whole))
+    shards = sorted(p.name for p in whole.glob("*.bin"))
+    assert sorted(p.name for p in interrupted.glob("*.bin")) == shards
+    assert all((interrupted / name).read_bytes() == (whole / name).read_bytes() for name in shards)
