@@ -54,6 +54,9 @@ def train_or_exit(settings, stop):
         # own load failed, or --init_from's weights (read only here, once) are unreadable or misshapen
         exit_with(e, 1)
     except Exception as e:
+        if ranks.lost_a_rank(e) and stop.requested:  # a stop the other rank took first (one still starting up)
+            exit_with(f"stopped by {stop.requested}, which another rank took before this step's save: last good "
+                      f"checkpoint: {last_good_checkpoint(settings.run.out_dir)}", 1)
         if ranks.lost_a_rank(e):  # every survivor says so: rank 0 may be the one that died
             exit_with(f"lost contact with another rank ({str(e).splitlines()[0][:200]}): a rank or node died or hangs. "
                       f"Relaunch the whole job with --resume auto; last good checkpoint: "
