@@ -127,7 +127,10 @@ class StopRequest:
         # Both are handled even where they were ignored from the start: a non-interactive shell starts its background
         # jobs (`cmd &` in a script, CI) with SIGINT ignored, and a `kill -INT` meant to stop such a run gracefully was
         # lost (issue 50: the run trained on to its last step and exited 0). A stop here only ever saves and exits.
-        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # SIGHUP (the terminal closed) is a stop too: its default ended the run without a save. Not where it was ignored
+        # from the start: nohup's promise that the run goes on.
+        hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT, *hangup)}
         # Signals also wake the watchdog (a pipe as the wakeup fd): it must know of one whose handler cannot run.
         self._wakeup_read, self._wakeup_write = os.pipe()
         os.set_blocking(self._wakeup_write, False)

@@ -111,17 +111,19 @@ def test_a_resume_applies_the_optimizer_settings_it_is_given(tmp_path, small_voc
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir, signum):
+    """SIGHUP (a closed terminal) too: its default ended the run silently, without a save."""
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
            "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if line.startswith("step     3/"):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signum)
             break
     output = proc.stdout.read()
     assert proc.wait(timeout=60) == 0
-    assert "stopped by SIGTERM: checkpoint saved, exiting" in output
+    assert f"stopped by {signum.name}: checkpoint saved, exiting" in output
     (tag,) = checkpoint.complete_tags(tmp_path / "checkpoints")
     stopped_at = int(tag.split("_")[1])
     assert 3 <= stopped_at < 10
