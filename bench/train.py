@@ -185,6 +185,13 @@ def with_modes(settings, modes):
             "speed": {**settings["speed"], "compiles": ordered(settings["speed"]["compiles"])}}
 
 
+def print_peaks(peaks):
+    where = torch.cuda.get_device_name() + " datasheet" if DEVICE == "cuda" else \
+        f"this CPU ({torch.get_num_threads()} threads), measured"
+    print(f"matmul peak on {where}: "
+          + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
+
+
 def section_runs(settings, usable, data, tmp, results):
     """section -> (title, columns, what it adds to the results) in this mode's settings, in the order they run;
     measures the matmul peaks first (into results)."""
@@ -194,10 +201,7 @@ def section_runs(settings, usable, data, tmp, results):
     repeats = settings["repeats"]
     peaks = peaks_for(dtypes, settings)
     results["matmul_peak_flops"] = peaks
-    where = torch.cuda.get_device_name() + " datasheet" if DEVICE == "cuda" else \
-        f"this CPU ({torch.get_num_threads()} threads), measured"
-    print(f"matmul peak on {where}: "
-          + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
+    print_peaks(peaks)
 
     def keywords(section):  # a section's keyword arguments in this mode, the mode's repeats unless it sets its own
         return {"repeats": repeats, **settings[section]}
@@ -231,12 +235,9 @@ def section_runs(settings, usable, data, tmp, results):
                           "processes alternating", sections.deterministic.COLUMNS,
                           lambda: {"deterministic": sections.deterministic.measure(data, tmp, dtypes[-1],
                                                                                    **settings["deterministic"])}),
-        "optimizer": ("which Adam: the trainer's step and the optimizer's own step with each, against the default "
-                      "(torch's fused AdamW), steps interleaved", sections.optimizer.COLUMNS,
-                      lambda: {"optimizer": sections.optimizer.measure(data, tmp, *settings["optimizer"], dtypes,
-                                                                       repeats)}),
-        "start": ("seconds from launch to the first step, 2 ranks, the CPU demo's shape: an empty extensions "
-                  "directory (cold) against the same again (warm)", sections.start.COLUMNS,
+        "optimizer": (sections.optimizer.TITLE, sections.optimizer.COLUMNS, lambda: {
+            "optimizer": sections.optimizer.measure(data, tmp, *settings["optimizer"], dtypes, repeats)}),
+        "start": (sections.start.TITLE, sections.start.COLUMNS,
                   lambda: {"start": sections.start.measure(data, tmp, dtypes[-1], **settings["start"])}),
     }
 

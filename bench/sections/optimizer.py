@@ -10,6 +10,8 @@ from pathlib import Path
 from harness import TrainerSteps, ds_config_file, interleaved_seconds, print_row, trainer_settings
 from gpt.runtime.accelerator import get_accelerator
 
+TITLE = ("which Adam: the trainer's step and the optimizer's own step with each, against the default (torch's fused "
+         "AdamW), steps interleaved")
 COLUMNS = [("model", "{}"), ("dtype", "{}"), ("optimizer", "{}"), ("step_s", "{:.4f}"), ("optimizer_s", "{:.4f}"),
            ("step_ratio", "{:.3f}"), ("optimizer_ratio", "{:.2f}")]
 # name: what replaces the default's torch_adam/fused pair in the optimizer's params (the default first)

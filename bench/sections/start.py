@@ -1,6 +1,6 @@
 """start: seconds from launching train_ds.py to its first step, 2 ranks under the deepspeed launcher, the CPU demo's
-shape (d4, T=256, micro-batch 4, 2048 tokens a step; 2 GPUs where there are), with an empty torch extensions directory (a fresh machine) and
-again with the same directory (warm), in each round; the default optimizer (torch's AdamW) and, with --full,
+shape (d4, T=256, micro-batch 4, 2048 tokens a step; 2 GPUs where there are), with an empty torch extensions
+directory (a fresh machine) and again with the same directory (warm), in each round; the default optimizer (torch's AdamW) and, with --full,
 DeepSpeed's FusedAdam, whose JIT build a cold start pays."""
 import json
 import os
@@ -15,6 +15,8 @@ import torch
 from harness import DEVICE, REPO, ds_config_file, print_row, trainer_argv, worker_env
 from gpt.runtime.ranks import free_port
 
+TITLE = ("seconds from launch to the first step, 2 ranks, the CPU demo's shape: an empty extensions directory (cold) "
+         "against the same again (warm)")
 COLUMNS = [("optimizer", "{}"), ("cold_s", "{:.1f}"), ("warm_s", "{:.1f}"), ("cold_vs_warm", "{:.2f}"),
            ("built_ops", "{}")]
 FIRST_STEP = "step     0/"  # the trainer's line after its first optimizer step

@@ -62,7 +62,8 @@ def main(argv=None):
     parser.add_argument("--data", type=path_arg, help="a shard directory: validation loss on its val split")
     parser.add_argument("--seq_len", type=int, help="tokens per validation sequence (default: the model's block_size)")
     parser.add_argument("--val_tokens", type=int, help=f"validation tokens (default: {DEFAULT_VAL_TOKENS})")
-    parser.add_argument("--hellaswag", type=path_arg, help="hellaswag_val.jsonl, llm.c's hellaswag_val.bin, or 'val' to download")
+    parser.add_argument("--hellaswag", type=path_arg,
+                        help="hellaswag_val.jsonl, llm.c's hellaswag_val.bin, or 'val' to download")
     parser.add_argument("--batch", type=int, default=8, help="sequences (val) / examples (HellaSwag) per forward")
     parser.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
     parser.add_argument("--json", action="store_true")

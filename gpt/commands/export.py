@@ -37,7 +37,8 @@ def check_args(args):
 @one_line_on_ctrl_c("its files are renamed into place only once all are complete: none was half-written")
 def main(argv=None):
     parser = Parser(description="Export a dsgpt checkpoint as a Hugging Face GPT-2 directory.")
-    parser.add_argument("checkpoint", type=path_arg, help="a checkpoint directory (or its checkpoints/ parent: the newest)")
+    parser.add_argument("checkpoint", type=path_arg,
+                        help="a checkpoint directory (or its checkpoints/ parent: the newest)")
     parser.add_argument("--out_dir", required=True, type=path_arg)
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the model and tokenizer files --out_dir already holds")

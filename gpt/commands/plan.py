@@ -23,7 +23,8 @@ def build_parser():
     # the model's shape, as the trainer takes it
     add_setting_arguments(p, names=("model", "n_layer", "n_embd", "n_head"), choices={"model": sorted(PRESETS)})
     p.add_argument("--seq_len", type=int, default=1024)
-    p.add_argument("--ds_config", nargs="+", type=path_arg, help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
+    p.add_argument("--ds_config", nargs="+", type=path_arg,
+                   help=f"DeepSpeed JSON file(s) (default: {DEFAULT_DS_CONFIG})")
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type")
     p.add_argument("--gpu_mem", type=float, help="device memory in GiB as CUDA reports it, for a GPU not in the table; "
                                                  "with --measure, the memory of the card this GPU stands in for")

@@ -55,7 +55,8 @@ def main(argv=None):
         sub.add_argument("--val_tokens", type=int, default=None,
                          help="validation tokens, whole documents from the start (default: --shard_tokens)")
         sub.add_argument("--workers", type=int, default=1, help="tokenizer processes")
-        sub.add_argument("--cache_dir", default=str(download_cache()), type=path_arg, help="where downloaded sources are kept")
+        sub.add_argument("--cache_dir", default=str(download_cache()), type=path_arg,
+                         help="where downloaded sources are kept")
     for sub in (files, hub):
         sub.add_argument("--text_field", default="text", help="the column holding the text (.jsonl/.parquet)")
     args = parser.parse_args(argv)

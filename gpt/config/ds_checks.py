@@ -328,8 +328,8 @@ def zero_asserts(ds_config, zero, path):
                          f"(it averages after the sum): remove it, or set zero_optimization.reduce_scatter false")
         if ds_config.get("gradient_predivide_factor", 1.0) != 1.0:
             found.append(f"{path}: gradient_predivide_factor {ds_config['gradient_predivide_factor']} is not supported "
-                         f"by DeepSpeed with ZeRO 2's reduce-scatter: remove it, or set zero_optimization.reduce_scatter "
-                         f"false")
+                         f"by DeepSpeed with ZeRO 2's reduce-scatter: remove it, or set "
+                         f"zero_optimization.reduce_scatter false")
     if not zero.compute_grad_norm and ds_config.get("gradient_clipping", 0) != 0:
         found.append(f"{path}: zero_optimization.compute_grad_norm false leaves DeepSpeed no norm to clip with: set "
                      f"gradient_clipping 0, or remove compute_grad_norm")

@@ -243,7 +243,8 @@ def model_source(args):
 
 def add_model_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=path_arg, help="one of our checkpoints (or its checkpoints/ directory: the newest)")
+    source.add_argument("--checkpoint", type=path_arg,
+                        help="one of our checkpoints (or its checkpoints/ directory: the newest)")
     source.add_argument("--hf", type=path_arg, help="a Hugging Face GPT-2 directory (config.json + weights)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where the model runs: auto (the default) is cuda when torch sees a GPU, else cpu")

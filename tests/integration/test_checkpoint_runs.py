@@ -92,7 +92,8 @@ def test_a_resume_applies_the_optimizer_settings_it_is_given(tmp_path, small_voc
     after = write_ds_config(tmp_path / "after.json", "zero2_fp32.json", gradient_clipping=0.5, optimizer={
         "type": "AdamW", "params": {"betas": [0.9, 0.99], "eps": 1e-08, "torch_adam": True, "fused": True}},
         **({"fp16": {**fp16, "hysteresis": 4, "loss_scale_window": 50}} if precision == "fp16" else {}))
-    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2", *(["--cpu_fp16"] if precision == "fp16" else [])]
+    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2",
+             *(["--cpu_fp16"] if precision == "fp16" else [])]
     train(tmp_path, small_vocab_dir, *flags, "--max_steps", "2", "--ds_config", before)
     _, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "4", "--ds_config", after, "--resume", "auto",
                     "--weight_decay", "0.05")
@@ -208,7 +209,7 @@ def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_with
         "error: stopped at once by a second SIGINT, without saving: the last complete checkpoint stands (--resume "
         "auto continues from it)\n"]
     assert checkpoint.complete_tags(out / "checkpoints")[-1] == "step_00000001"
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]  # step 2 never ended
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
 
 
 def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path, small_vocab_dir):

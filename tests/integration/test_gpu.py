@@ -1,7 +1,8 @@
 """The CUDA paths, on one GPU: zero1_bf16 steps learn; zero2_fp16 from a 2^32 loss scale skips steps and halves
 the scale until it fits, then learns; the default torch.compile with validation and sampling; bit-exact resume
 under --deterministic, and a run's end without NCCL's warnings; a resume through DeepSpeed's universal form; the
-fused loss against the classic one; torch's AdamW building nothing, DeepSpeed's FusedAdam JIT build; the bench's smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
+fused loss against the classic one; torch's AdamW building nothing; DeepSpeed's FusedAdam JIT build; the bench's
+smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
 to itself, gpt-plan --measure and --micro_batch auto. The tiny model wherever d12 itself is not the point (only
 --micro_batch auto filling the GPU is): a run's start (Python, DeepSpeed, CUDA, NCCL) costs more than its tiny
 steps, so the runs the other tests read start side by side (gpu_runs). `python -m pytest -m gpu tests` runs
