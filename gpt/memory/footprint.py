@@ -83,13 +83,16 @@ def measure_loss_chunk_bytes(rows, vocab, width, precision):
 
 def engine_state_bytes(engine):
     """Model-state bytes a DeepSpeed engine really holds: the storages reachable from the module's
-    parameters (and grads) and the optimizer's attributes, each counted once."""
+    parameters (and grads) and the optimizer's attributes, each counted once. Scalars are not model states but
+    bookkeeping (torch's AdamW keeps each parameter's step count as one: 4 bytes a tensor under ZeRO 0)."""
     seen = {}
 
     def walk(obj, depth=0):
         if depth > 8:
             return
         if isinstance(obj, torch.Tensor):
+            if obj.dim() == 0:
+                return
             storage = obj.untyped_storage()
             if storage.data_ptr():
                 seen[storage.data_ptr()] = storage.nbytes()
