@@ -3,7 +3,7 @@
 8 GPUs, 524288 tokens/step, the trainer's allocator setting (expandable segments).
 
     python bench/batch_report.py --chart docs/batch_growth.png      # prints docs/memory.md's markdown table
-                                                                    # and issue 13's targets for d12
+                                                                    # and the targets for d12
 
 Planned, not measured: model states are DeepSpeed 0.19's (tests/unit/test_plan.py), a step's activations and
 loss buffers come from a fit of peaks measured on CPU, the allocator's overhead from an H100's measurements
@@ -55,7 +55,7 @@ def markdown(table):
 
 
 def targets(seq_len=1024):
-    """Issue 13's targets for d12, one GPU, T=1024, as planned: (what, planned, target, met)."""
+    """The targets for d12 (docs/memory.md), one GPU, T=1024, as planned: (what, planned, target, met)."""
     d12 = PRESETS["d12"]
 
     def max_micro_batch(config, gpu):

@@ -1,4 +1,4 @@
-"""Where a training step's time goes, and what each speed lever is worth (issue 51), in one process:
+"""Where a training step's time goes, and what each speed lever is worth, in one process:
 
   profile   one step of the trainer (today's defaults: zero1_bf16, --loss fused, compiled) under torch.profiler,
             its device time summed by kind of work (matmuls, attention, the loss's own kernels, other compiled

@@ -11,14 +11,14 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
   ckpt      activation checkpointing: step-time ratio, activation bytes saved
   allocator the trainer step with glibc's default malloc vs freed memory kept in the heap (--full)
   compile   torch.compile on/off: first-step (compile) time, steady step-time ratio (--full)
-  loss      which kernel --loss fused should mean (issue 22): each fused kernel (liger where it can run, the
+  loss      which kernel --loss fused should mean: each fused kernel (liger where it can run, the
             chunked PyTorch path) and the classic loss at a fixed micro-batch (64 on a GPU) and at --micro_batch
             auto's choice, every row the same tokens/step (compiled on a GPU): tokens/s, peak memory, and the
             ratio to the classic loss's best over micro-batches doubling up to its first out-of-memory; a
             verdict line names the fastest fused kernel and whether it meets that target
   speed     the trainer's tokens/s and MFU, eager and compiled, --loss fused and classic, each against the
             same plain PyTorch loop (compiled where the mode compiles), built once, steps interleaved; on a GPU
-            d12, T=1024, 0.5M tokens/step (issue 22)
+            d12, T=1024, 0.5M tokens/step
   deterministic  what --deterministic costs: train_ds.py without and with it in fresh processes, alternating
             (ABAB: the setting is process-global), eager; the median per-step dt from each run's metrics.jsonl
   optimizer which Adam the JSONs name: the trainer's step and the optimizer's own step with torch's AdamW (fused,
@@ -31,7 +31,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
     python bench/train.py --full               # d12 at 4096 tokens/step, ZeRO on d12, allocator, compile, loss,
                                                #   speed, deterministic (~25 min); on a GPU every GPU section
     python bench/train.py --only zero ckpt     # some sections
-    python bench/train.py --only loss speed deterministic  # on a GPU: issue 22's figures, d12 at 0.5M tokens/step
+    python bench/train.py --only loss speed deterministic  # on a GPU: d12 at 0.5M tokens/step
     python bench/train.py --only speed --modes compiled  # its compiled rows alone (launch/gpu_check.sh)
     python bench/train.py --only optimizer start   # which Adam, and a cold start against a warm one (~2 min on CPU)
     python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/unit/test_bench.py)
@@ -96,8 +96,8 @@ MODES = {
                   optimizer=("tiny", 64, 4), start=dict(rounds=1),
                   repeats=1, peak_max_size=256, sections=["overhead", "zero", "ckpt"]),
     # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
-    # eager and compiled (issue 11 measured 0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step).
-    # Issue 22 (loss, speed, deterministic) at d12, T=1024, few repeats: compiling each shape takes most of the time.
+    # eager and compiled (0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step, 2026-11-22).
+    # loss, speed, deterministic at d12, T=1024, few repeats: compiling each shape takes most of the time.
     # loss: the classic sweep from 32 (d12's classic loss fit 76 sequences eagerly on an H100, so 128 is its
     # out-of-memory); speed: micro-batch 32 so that the trainer and the plain loop fit side by side on 80 GB,
     # compiled first (the default with CUDA: the rows a run cut short by its time limit should have printed).

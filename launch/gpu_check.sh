@@ -24,7 +24,7 @@
 #   levers.md/.json   part speed (only when named; ~280 s, on the warm machine after the rest): bench/levers.py, where
 #                     the main job's step spends its time (torch.profiler by kind of kernel, the device's idle share,
 #                     DeepSpeed's wall_clock_breakdown; the trace in step_trace.json.gz) and each speed lever of
-#                     issue 51 against the default in one process
+#                     against the default in one process
 #   summary.md        all of it, for README, docs/ and the session note (launch/gpu_summary.py): the main job's
 #                     median tokens/s against the plain compiled loop's
 # usage: launch/gpu_check.sh [REPORT_DIR [PART...]]   (default gpu_report, the parts main pytest measure bench eval;
@@ -115,7 +115,7 @@ if part eval; then
   cat "$REPORT/eval.out" "$REPORT/hellaswag.out" >"$REPORT/eval.txt"
 fi
 
-if part speed; then  # issue 51: the rows that fit in what is left of the budget, the default measured last again
+if part speed; then  # the rows that fit in what is left of the budget, the default measured last again
   step speed 300 python bench/levers.py --budget $((BUDGET - SECONDS - 25)) --json "$REPORT/levers.json" \
     --trace "$REPORT/step_trace.json.gz"
   cp "$REPORT/speed.out" "$REPORT/levers.md"

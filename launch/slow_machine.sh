@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run a command as on a slower CPU without bf16 units, made on any machine (issue 50): failures that a user's slower or
+# Run a command as on a slower CPU without bf16 units, made on any machine: failures that a user's slower or
 # older CPU would show, found here first.
 #   - busy neighbours: N processes spinning in pure Python beside the command (default 4: on a 2-core machine the
 #     command gets about a third of the CPU, "a machine three times slower"), ended with it;

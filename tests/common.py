@@ -9,6 +9,25 @@ os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported; runs start
 # Before torch loads OpenMP: with the shared launch or the background lane beside the tests, 2 cores run more threads
 # than they have, and OpenMP threads that spin while waiting took ~20% more CPU time.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# What the tests' runs would otherwise inherit from whoever started pytest and then behave otherwise: a launcher's
+# rank variables (pytest started inside a job), a thread count, glibc's malloc setting of bench/train.py's baseline.
+for _variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "OMP_NUM_THREADS", "DSGPT_MALLOC_CACHE"):
+    os.environ.pop(_variable, None)
+
+
+def _children_start_with_default_signals():
+    """A signal ignored in pytest (nohup ignores SIGHUP, a shell's `&` SIGINT) stays ignored in every process it
+    starts, and a test that sends it then finds a run that never stopped. A handler that does nothing keeps pytest
+    as immune, and exec resets a handled signal to its default: the tests' runs start as from a new shell."""
+    import signal
+
+    for number in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        if signal.getsignal(number) is signal.SIG_IGN:
+            signal.signal(number, lambda *_: None)
+
+
+_children_start_with_default_signals()
 
 REPO = Path(__file__).resolve().parents[1]
 # The tests' tiny runs (conftest.TINY, on small_vocab_dir): the tiny model's 50304-wide logits matmul is 97% of

@@ -1,4 +1,4 @@
-"""loss: which kernel --loss fused should mean (issue 22), each fused kernel and the classic loss at a fixed
+"""loss: which kernel --loss fused should mean, each fused kernel and the classic loss at a fixed
 micro-batch and at --micro_batch auto's choice, against the classic loss's best; a verdict line."""
 import traceback
 from pathlib import Path
@@ -16,7 +16,7 @@ KERNELS_MEASURED = ("classic", *(k for k in KERNELS if k != "classic"))  # class
 
 
 def measure(data, tmp, dtype, model, seq_len, sequences, micro_batch, sweep_from, compile, repeats):
-    """Issue 22's choice of the kernel behind --loss fused: the classic loss and each fused kernel at micro-batch
+    """The choice of the kernel behind --loss fused: the classic loss and each fused kernel at micro-batch
     `micro_batch` ("fixed") and at --micro_batch auto's choice for that loss ("auto"); the classic loss also at
     micro-batches doubling from `sweep_from` up to its first out-of-memory ("sweep"), its best tokens/s the
     target. Every row `sequences` x seq_len tokens per step (accumulating), compiled as `compile` says. Returns

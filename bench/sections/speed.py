@@ -1,5 +1,5 @@
 """speed: the trainer's tokens/s and MFU, eager and compiled, --loss fused and classic, each against one plain
-PyTorch loop, steps interleaved (issue 22)."""
+PyTorch loop, steps interleaved."""
 from pathlib import Path
 
 from harness import PlainPyTorch, TrainerSteps, ds_config_file, interleaved_seconds, print_row, trainer_settings
@@ -11,7 +11,7 @@ COLUMNS = [("model", "{}"), ("dtype", "{}"), ("compiled", "{}"), ("loss", "{}"),
 
 
 def measure(data, tmp, dtype, peaks, model, seq_len, micro_batch, grad_accum, compiles, repeats):
-    """Issue 22's trainer speed: tokens/s and MFU, eager and compiled (`compiles`), --loss fused and classic, each
+    """The trainer's speed: tokens/s and MFU, eager and compiled (`compiles`), --loss fused and classic, each
     variant's steps interleaved with one plain PyTorch loop built once (compiled if any variant is), so that
     every variant is measured against the same baseline."""
     config, rows, plain = ds_config_file(tmp, dtype), [], None

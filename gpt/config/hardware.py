@@ -14,7 +14,7 @@ CPU_BF16_CONFIG = "ds_configs/zero2_bf16.json"
 
 # Whether this CPU has bf16 units is read from what it declares, so that every process on a machine (the demo, the
 # trainer's warning, the bench, the tests) gets the same answer: a measured ratio landed on both sides of one
-# threshold on a Cascade Lake Xeon (issue 50: 2.86x one hour, 4.48x the next), where bf16 runs 3-5x slower than fp32.
+# threshold on a Cascade Lake Xeon (2.86x one hour, 4.48x the next, 2026-11-26), where bf16 runs 3-5x slower than fp32.
 # Measured: AMX Xeons run bf16 matmuls 3-5x faster than fp32; AVX-512 without bf16 (Cascade Lake) 3-5x slower;
 # AVX2 only (AMD EPYC) ~90x slower.
 BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16", "sve_bf16", "svebf16")  # x86 AMX and AVX-512; Arm (cpuinfo, /proc)

@@ -43,7 +43,7 @@ GPUS = {
     "a100-80gb": 81_920 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 81,920 MiB (modal-labs/modal-client#2797)
     "a800-80gb": 81_920 * MiB - NVIDIA_SMI_TO_CUDA,  # assumed the A100-80GB's (the same memory system)
     "a100-40gb": 42_405_855_232,  # CUDA deviceQuery on an A100-SXM4-40GB (Paderborn PC2 wiki)
-    "v100-32gb": 32_512 * MiB,  # 31.75 GiB, what a V100-SXM2-32GB reports (nvidia-smi 32,510 MiB; issue 13)
+    "v100-32gb": 32_512 * MiB,  # 31.75 GiB, what a V100-SXM2-32GB reports (nvidia-smi 32,510 MiB)
     "v100-16gb": 16_160 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 16,160 MiB (not verified here)
     "h200-141gb": 143_771 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 143,771 MiB (not verified here)
     "rtx3090-24gb": 24_576 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 24,576 MiB (not verified here)

@@ -37,7 +37,7 @@ RUN_CONFIG = "run_config.json"
 LATEST = "latest"
 TAG_PATTERN = re.compile(r"^step_(\d{8})$")
 RNG_PATTERN = re.compile(r"^rng_rank\d{5}\.pt$")
-# What a checkpoint records since issue 25: a data position in global batches of a step's windows, which any
+# What a checkpoint records: a data position in global batches of a step's windows, which any
 # world size and micro-batch continue, and DeepSpeed's universal_checkpoint_info, which a conversion needs.
 # Checkpoints without "format" in run_config.json are format 1.
 FORMAT = 2

@@ -126,7 +126,7 @@ class StopRequest:
         self._main_thread = threading.main_thread().ident
         # Both are handled even where they were ignored from the start: a non-interactive shell starts its background
         # jobs (`cmd &` in a script, CI) with SIGINT ignored, and a `kill -INT` meant to stop such a run gracefully was
-        # lost (issue 50: the run trained on to its last step and exited 0). A stop here only ever saves and exits.
+        # lost (the run trained on to its last step and exited 0). A stop here only ever saves and exits.
         # SIGHUP (the terminal closed) is a stop too: its default ended the run without a save. Not where it was ignored
         # from the start: nohup's promise that the run goes on.
         hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)

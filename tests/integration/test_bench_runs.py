@@ -107,7 +107,7 @@ ISSUE_22_SECTIONS = ("--only", "loss", "speed", "deterministic")
     # bench step runs the speed and deterministic sections on the GPU at d12 (here: pytest tests/integration/test_bench_runs.py -k cuda)
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
 def test_bench_smoke_loss_speed_and_deterministic(request, tmp_path, device):
-    """Issue 22's sections, eager in --smoke (compiling takes a minute on CPU): the loss kernels
+    """The loss and speed sections, eager in --smoke (compiling takes a minute on CPU): the loss kernels
     (assert_loss_section); the trainer's speed with --loss fused and classic, each against the one plain loop;
     train_ds.py without and with --deterministic. On CPU in the background (conftest.background_runs)."""
     if device == "cpu":

@@ -110,13 +110,19 @@ def test_a_resume_applies_the_optimizer_settings_it_is_given(tmp_path, small_voc
     assert "resume: " not in proc.stdout  # nothing changed since
 
 
+def started_with(signum, disposition):
+    """A child whose `signum` starts as `disposition`, whatever pytest's own is (under nohup SIGHUP is ignored)."""
+    return lambda: signal.signal(signum, disposition)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir, signum):
     """SIGHUP (a closed terminal) too: its default ended the run silently, without a save."""
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
            "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=started_with(signum, signal.SIG_DFL))
     for line in proc.stdout:
         if line.startswith("step     3/"):
             proc.send_signal(signum)
@@ -130,6 +136,22 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
     records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", str(stopped_at + 3),
                           "--total_batch_tokens", "512", "--save_every", "0", "--resume", "auto")
     assert f"at step {stopped_at + 1}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_run_started_under_nohup_trains_on_through_sighup(tmp_path, small_vocab_dir):
+    """nohup's promise: SIGHUP ignored from the start stays ignored, the run trains its steps."""
+    cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "12", "--total_batch_tokens", "512",
+           "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=started_with(signal.SIGHUP, signal.SIG_IGN))
+    for line in proc.stdout:
+        if line.startswith("step     3/"):
+            proc.send_signal(signal.SIGHUP)
+            break
+    output = proc.stdout.read()
+    assert proc.wait(timeout=60) == 0, output[-3000:]
+    assert "stopped by" not in output and "step    11/12" in output
 
 
 @pytest.mark.slow

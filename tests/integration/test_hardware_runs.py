@@ -44,7 +44,7 @@ def test_a_cpu_without_bf16_units_gets_the_fp32_config():
 
 @pytest.mark.slow
 def test_the_cpu_choice_in_a_new_process_is_this_processs():
-    """One bf16 decision per machine (issue 50): a new process (the demo's) answers as this one, and says why."""
+    """One bf16 decision per machine: a new process (the demo's) answers as this one, and says why."""
     config, reason = cpu_config_choice({})
     fast, why = hardware.cpu_bf16_units()
     assert config == ("ds_configs/zero2_bf16.json" if fast else "ds_configs/zero2_fp32.json")
@@ -89,7 +89,7 @@ def test_deterministic_mode_runs_validation_and_sampling_and_changes_nothing_on_
 
 
 def test_the_slow_machine_stand_in_caps_onednn_ignores_sigint_and_leaves_no_neighbour(tmp_path):
-    """launch/slow_machine.sh (issue 50): the command sees oneDNN capped below bf16 (so the one bf16 decision says no
+    """launch/slow_machine.sh: the command sees oneDNN capped below bf16 (so the one bf16 decision says no
     units), SIGINT ignored as a background job has it, DSGPT_SLOW_MACHINE=1; its busy neighbours end with it, and
     its exit status is the command's."""
     import psutil

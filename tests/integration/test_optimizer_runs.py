@@ -18,6 +18,14 @@ FLAGS = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every
 CASES = [(1, "bf16", 2), (2, "fp32", 2), (1, "fp32", 1), (2, "bf16", 1)]  # ZeRO stage, precision, ranks
 
 
+# The moments after the resumed steps 3-5 average those steps' gradients. In bf16 a gradient is computed from
+# the bf16 rounding of the fp32 master weights, and the two Adams' last fp32 bits can send a weight to the other
+# bf16 neighbour: each gradient element may then differ by bf16's unit roundoff (2^-8) relative, and so may their
+# averages, whatever the CPU's bf16 kernels (measured: 0 on an EPYC with AVX512-BF16, 2.4e-4 on a Xeon with AMX).
+# In fp32 the weights agree to fp32's last bits and the loss bound applies.
+MOMENTS_TOLERANCE = {"bf16": 2 ** -8, "fp32": RELATIVE_TOLERANCE["fp32"]}
+
+
 def names(stage, precision, ranks):
     return f"fused_adam_{stage}_{precision}_{ranks}", f"resumed_torch_adamw_{stage}_{precision}_{ranks}"
 
@@ -73,11 +81,14 @@ def test_a_fused_adam_checkpoint_resumes_under_torchs_adamw(tmp_path, request, s
     print(f"ZeRO {stage} {precision} {ranks} rank(s): FusedAdam -> torch's AdamW, largest relative loss difference "
           f"{difference:.2g}")
     assert difference < RELATIVE_TOLERANCE[precision]
-    # Adam's moments were carried over, not restarted: they agree with the uninterrupted run's at the last step
+    # Adam's moments were carried over, not restarted (a restart differs by tens of percent): they agree with the
+    # uninterrupted run's at the last step
     whole_moments, resumed_moments = (moments(out_dir_of(p) / "checkpoints" / "step_00000005")
                                       for p in (whole_proc, proc))
     assert whole_moments.shape == resumed_moments.shape
-    assert (whole_moments - resumed_moments).norm() < RELATIVE_TOLERANCE[precision] * whole_moments.norm()
+    relative = ((whole_moments - resumed_moments).norm() / whole_moments.norm()).item()
+    print(f"largest relative moment difference {relative:.2g}")
+    assert relative < MOMENTS_TOLERANCE[precision]
 
 
 @pytest.mark.parametrize("stage", [1, 2])

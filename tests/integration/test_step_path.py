@@ -18,7 +18,7 @@ from gpt.runtime import ranks
 ROOT = Path(gpt.__file__).resolve().parents[1]  # the checkout the tests import: gpt/ and train_ds.py
 FLOOR = "gpt/runtime/"  # under every layer, read by its names (rank(), mean_over_ranks, ...), as gpt/console.py is
 # The path, in the order a reader meets it: the command line, the settings, the trainer, the run's start, the engine
-# (the model wrapped, DeepSpeed), the model, its loss, the data. At most 8 (issue 52): change it with the docs.
+# (the model wrapped, DeepSpeed), the model, its loss, the data. At most 8: change it with the docs.
 STEP_FILES = ["train_ds.py", "gpt/config/settings.py", "gpt/train/trainer.py", "gpt/train/start.py",
               "gpt/train/engine.py", "gpt/model/model.py", "gpt/model/loss.py", "gpt/data/shards.py"]
 

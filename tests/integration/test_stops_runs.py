@@ -126,7 +126,7 @@ def test_sigterm_to_the_deepspeed_command_during_start_up_ends_every_process_and
 def test_sigint_during_start_up_is_one_line_without_a_traceback(tmp_path, small_vocab_dir, sigint):
     """Ctrl-C (SIGINT to the process group) soon after train_ds.py started: while it imports torch and DeepSpeed. Also
     in a run started with SIGINT ignored, as a script's `cmd &` or a suite run that way starts it: the stop was lost
-    there, and the run trained its 500 steps and exited 0 (issue 50)."""
+    there, and the run trained its 500 steps and exited 0."""
     proc = start(tmp_path, small_vocab_dir, launcher="python", sigint=sigint)
     wait_for(lambda: psutil.Process(proc.pid).num_threads() > 1)  # its stop watchdog: train_ds.py's first line
     os.killpg(proc.pid, signal.SIGINT)

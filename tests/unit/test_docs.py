@@ -98,3 +98,31 @@ def test_a_renamed_flag_or_file_would_be_found():
         "--no_such_flag",
         "gpt-sample --checkpoint c --prompt hi --top_p 0.9: sample takes no --top_p",
         "launch/nope.sh: no such script"]
+
+
+# The word issue or session and a number: this project's tracker, which no reader of the repo has. A third party's
+# issue is named with its project and a '#' ("DeepSpeed issue #8439"), which this does not match.
+TRACKER_WORDS = re.compile(r"\b(issues?|sessions?) (\d+)\b", re.I)
+
+
+def tracker_references(text):
+    return [match.group(0) for match in TRACKER_WORDS.finditer(text)]
+
+
+def test_code_tests_and_docs_cite_no_tracker_numbers():
+    files = [REPO / "README.md", REPO / "train_ds.py", *(REPO / "docs").glob("*.md"),
+             *(path for folder in ("gpt", "bench", "launch", "tests", "ds_configs", "docs/gpu_reports")
+               for path in (REPO / folder).rglob("*") if path.suffix in {".py", ".sh", ".json", ".md", ".sbatch"})]
+    found = {str(path.relative_to(REPO)): tracker_references(path.read_text()) for path in files}
+    assert {path: words for path, words in found.items() if words} == {}
+
+
+def test_a_tracker_number_would_be_found():
+    cited = "kept to 12 modules (Issue {}; 29 before)\nsince session {}".format(40, 7)  # not cited here itself
+    assert tracker_references(cited) == ["Issue {}".format(40), "session {}".format(7)]
+    assert tracker_references("DeepSpeed issue #8439, PR #7776; 2 sessions of 180 minutes each") == []
+
+
+def test_readme_is_one_page_of_at_most_200_lines():
+    """The depth goes to docs/: README is what a new user reads first, whole."""
+    assert len((REPO / "README.md").read_text().splitlines()) <= 200

@@ -12,7 +12,7 @@ from gpt.train.start import resolve_defaults
 from gpt.config.settings import GPT3_WARMUP_STEPS
 
 
-CASCADE_LAKE = {"sse2", "avx2", "avx512f", "avx512bw", "avx512_vnni"}  # AVX-512 without bf16 units (issue 50)
+CASCADE_LAKE = {"sse2", "avx2", "avx512f", "avx512bw", "avx512_vnni"}  # AVX-512 without bf16 units
 SAPPHIRE_RAPIDS = CASCADE_LAKE | {"avx512_bf16", "amx_tile", "amx_bf16"}
 EPYC_AVX2 = {"sse2", "avx2"}
 GRAVITON3 = {"fp", "asimd", "bf16", "sve", "svebf16"}

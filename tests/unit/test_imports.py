@@ -86,7 +86,7 @@ def test_every_subpackage_says_what_it_holds_in_one_line():
 
 
 def test_the_trainer_reads_at_most_twelve_project_modules():
-    """Understanding a step means opening the trainer and what it imports: kept to 12 modules (issue 40; 29 before
+    """Understanding a step means opening the trainer and what it imports: kept to 12 modules (29 before
     the re-layout), the run's start, the model's wrapping and the planner reached through gpt/train/start.py."""
     imported = {module for module in gpt_imports("train.trainer")
                 if module not in PACKAGES}  # `from gpt.runtime import ranks`: the module, not its package

@@ -97,7 +97,7 @@ def test_in_training_a_stop_is_said_at_once_and_a_second_one_later_ends_the_rank
         assert exits == [] and capfd.readouterr().err == "" and request.requested == "SIGINT"  # passing the Ctrl-C on
         request._signal_in_training("SIGINT", 100.0 + stop.AT_ONCE_AFTER_S)
         assert exits == ["error: stopped at once by a second SIGINT, without saving: this run has no checkpoint yet "
-                         "(a relaunch starts it from step 0)"]  # it said a checkpoint stood before (issue 50)
+                         "(a relaunch starts it from step 0)"]  # it said a checkpoint stood before
         request.saved()  # as fit says after each save
         request._signal_in_training("SIGINT", 101.0 + stop.AT_ONCE_AFTER_S)
         assert exits[1:] == ["error: stopped at once by a second SIGINT, without saving: the last complete "
@@ -134,7 +134,7 @@ def stderr_file():
 def test_the_watchdog_times_training_signals_as_they_arrive_while_the_main_thread_is_busy(monkeypatch):
     """A real SIGINT to this process in training, the main thread busy in a loop that never returns to the handler's
     check: the watchdog thread says the line at once; a second SIGINT AT_ONCE_AFTER_S later ends the rank, however
-    late the main thread would have run its handler (issue 50: on a slow CPU the second signal was taken for the
+    late the main thread would have run its handler (on a slow CPU the second signal was taken for the
     first's echo and lost)."""
     request = stop.StopRequest()
     exits = []
@@ -171,7 +171,7 @@ def test_a_signal_another_handler_catches_is_no_stop():
 
 def test_a_start_up_stop_whose_exception_was_swallowed_ends_the_run_at_the_first_step(capfd):
     """A library that catches everything around a call can swallow the start-up stop's exception: the run must still
-    end with the start-up stop's line and exit 1 at its first step, not train a step, save and exit 0 (issue 50)."""
+    end with the start-up stop's line and exit 1 at its first step, not train a step, save and exit 0."""
     request = stop.StopRequest()
     try:
         try:
@@ -220,7 +220,7 @@ def wait_for(find, timeout=60, state=lambda: ""):
 def test_a_stop_while_the_host_module_is_half_imported_still_exits_at_once(monkeypatch, capfd):
     """A signal inside gpt.runtime.host's own import (every command imports it first thing): the exit must not need
     what the module has not defined yet. It raised AttributeError, which an import's bare except could swallow:
-    the run then went on and said its stop twice (issue 50, seen in the suite)."""
+    the run then went on and said its stop twice (seen in the suite)."""
     import types
 
     class Exited(Exception):
