@@ -84,9 +84,9 @@ def test_a_read_only_home_trains_and_fused_adam_there_is_one_line_and_exit_2(mou
     env["HOME"] = str(home)
 
     def run(out, *flags):
-        return subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--data",
-                               str(small_vocab_dir), "--out_dir", str(out), *flags], cwd=REPO, capture_output=True,
-                              text=True, timeout=300, env=env)
+        return subprocess.run([sys.executable, "train_ds.py", *TINY, "--max_steps", "2", "--total_batch_tokens", "512",
+                               "--data", str(small_vocab_dir), "--out_dir", str(out), *flags], cwd=REPO,
+                              capture_output=True, text=True, timeout=300, env=env)
     proc = run(tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "over AdamW" in proc.stdout and list(home.iterdir()) == []
