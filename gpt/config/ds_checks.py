@@ -291,8 +291,9 @@ def auto_values(value, prefix=""):
 
 def trainer_problems(ds_config, path):
     """What DeepSpeed accepts but this trainer cannot run right: offload, another optimizer or its
-    parameters, the learning rate and weight decay (our flags), autocast, "auto" values, and the 0.19
-    combinations that fail or misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
+    parameters, the learning rate and weight decay (our flags), autocast, "auto" values, what DeepSpeed's engine
+    refuses inside the ranks or overrides (gpt/config/engine_checks.py), and the 0.19 combinations that fail or
+    misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
     found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
              f"default)" for key in auto_values(ds_config)]
     zero = parsed(ds_config, "zero_optimization").zero_config

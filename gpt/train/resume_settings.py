@@ -145,17 +145,18 @@ def scaler_changes(engine, asked, saved_ds_config):
         return [f"fp16.loss_scale {now} applied (the checkpoint's run had {had})"]
     if not asked.dynamic:
         return []
-    notes = []
+    notes, in_json = [], (engine.config.get("fp16") or {}).keys()
+    default = lambda key: "" if key in in_json else " (its default)"  # noqa: E731 -- a key removed from the JSON
     for attribute, key in SCALER_KEYS.items():
         if getattr(loaded, attribute) != getattr(asked, attribute):
-            notes.append(f"fp16.{key} {shown(getattr(asked, attribute))} applied (the checkpoint's run had "
-                         f"{shown(getattr(loaded, attribute))})")
+            notes.append(f"fp16.{key} {shown(getattr(asked, attribute))}{default(key)} applied (the checkpoint's run "
+                         f"had {shown(getattr(loaded, attribute))})")
             setattr(loaded, attribute, getattr(asked, attribute))
     loaded.cur_hysteresis = min(loaded.cur_hysteresis, loaded.delayed_shift)
     power, had = engine._config.float16_config.initial_scale_power, saved_power(saved_ds_config)
     if had is not None and had != power:
-        notes.append(f"fp16.initial_scale_power {power} applied (the checkpoint's run had {had}): the loss scale "
-                     f"restarts at {asked.cur_scale:g} (it was {loaded.cur_scale:g})")
+        notes.append(f"fp16.initial_scale_power {power}{default('initial_scale_power')} applied (the checkpoint's run "
+                     f"had {had}): the loss scale restarts at {asked.cur_scale:g} (it was {loaded.cur_scale:g})")
         loaded.cur_scale = asked.cur_scale
     return notes
 

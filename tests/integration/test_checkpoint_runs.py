@@ -130,10 +130,11 @@ def test_a_resume_applies_the_optimizer_settings_it_is_given(tmp_path, small_voc
 
 def test_a_resume_switches_fp16_between_a_static_and_a_dynamic_loss_scale(tmp_path, small_vocab_dir):
     """DeepSpeed loads the checkpoint's loss scaler, static or dynamic, over the one the JSON asks for: a static 128
-    after a dynamic run kept the dynamic scale (the loss_scale column read 256). Now this run's scaler, said."""
+    after a dynamic run kept the dynamic scale (the loss_scale column read 256). Now this run's scaler, said; a key
+    removed from the block afterwards is its default, said the same way."""
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "min_loss_scale": 1}
     flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "1", "--cpu_fp16"]
-    runs = [(2, {**fp16}), (3, {**fp16, "loss_scale": 128}), (4, {**fp16})]
+    runs = [(2, {**fp16}), (3, {**fp16, "loss_scale": 128}), (4, {**fp16, "loss_scale_window": 100}), (5, fp16)]
     outputs = []
     for max_steps, block in runs:
         config = write_ds_config(tmp_path / f"{max_steps}.json", "zero2_fp32.json", fp16=block)
@@ -147,7 +148,10 @@ def test_a_resume_switches_fp16_between_a_static_and_a_dynamic_loss_scale(tmp_pa
     assert (outputs[1][2].dynamic, outputs[1][2].cur_scale) == (False, 128)
     assert outputs[2][:2] == (["resume: fp16.loss_scale 0 (a dynamic scale from 256) applied (the checkpoint's run "
                                "had 128)"], 256.0)
-    assert (outputs[2][2].dynamic, outputs[2][2].cur_scale) == (True, 256)
+    assert (outputs[2][2].dynamic, outputs[2][2].cur_scale, outputs[2][2].scale_window) == (True, 256, 100)
+    # a key removed from the JSON: its default, said
+    assert outputs[3][0] == ["resume: fp16.loss_scale_window 1000 (its default) applied (the checkpoint's run had 100)"]
+    assert outputs[3][2].scale_window == 1000
 
 
 def test_a_resume_turns_amsgrad_on_and_drops_clipping_for_compute_grad_norm_false(tmp_path, small_vocab_dir):
