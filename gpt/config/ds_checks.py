@@ -12,6 +12,7 @@ import pydantic
 
 from gpt.config.ds_config import (bf16_section, deepspeed_config, dtype_name, grad_accum_dtype, load, parsed, precision,
                                   zero_stage)
+from gpt.config.engine_checks import engine_problems
 from gpt.console import BadInput, out_dir_problem, out_file_problem
 
 
@@ -290,8 +291,9 @@ def auto_values(value, prefix=""):
 
 def trainer_problems(ds_config, path):
     """What DeepSpeed accepts but this trainer cannot run right: offload, another optimizer or its
-    parameters, the learning rate and weight decay (our flags), autocast, "auto" values, and the 0.19
-    combinations that fail or misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
+    parameters, the learning rate and weight decay (our flags), autocast, "auto" values, what DeepSpeed's engine
+    refuses inside the ranks or overrides (gpt/config/engine_checks.py), and the 0.19 combinations that fail or
+    misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
     found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
              f"default)" for key in auto_values(ds_config)]
     zero = parsed(ds_config, "zero_optimization").zero_config
@@ -309,31 +311,12 @@ def trainer_problems(ds_config, path):
         if key in ds_config.get("zero_optimization", {}) and size > MAX_BUCKET_SIZE:
             found.append(f"{path}: zero_optimization.{key} {size} must be at most {MAX_BUCKET_SIZE} (2**32 elements, "
                          f"16 GiB in fp32): ZeRO allocates its buckets whole (DeepSpeed's default: 500000000)")
-    found += zero_asserts(ds_config, zero, path)
+    found += engine_problems(ds_config, zero, path)
     if (ds_config.get("checkpoint") or {}).get("load_universal"):
         found.append(f"{path}: checkpoint.load_universal is the trainer's to set: --resume converts a checkpoint to "
                      f"DeepSpeed's universal form and loads it that way when the world size or ZeRO stage changed; "
                      f"remove it")
     return found or precision_problems(ds_config, path)
-
-
-def zero_asserts(ds_config, zero, path):
-    """The combinations DeepSpeed 0.19's ZeRO optimizer refuses only once every rank has started (an AssertionError or
-    ValueError from each rank, deepspeed/runtime/zero/stage_1_and_2.py): ZeRO-2's reduce-scatter averages after the
-    sum, so no pre-scaling and no pre-division; skipping the gradient norm leaves nothing to clip with."""
-    found = []
-    if zero.stage == 2 and zero.reduce_scatter:
-        if ds_config.get("prescale_gradients") is True:
-            found.append(f"{path}: prescale_gradients true is not supported by DeepSpeed with ZeRO 2's reduce-scatter "
-                         f"(it averages after the sum): remove it, or set zero_optimization.reduce_scatter false")
-        if ds_config.get("gradient_predivide_factor", 1.0) != 1.0:
-            found.append(f"{path}: gradient_predivide_factor {ds_config['gradient_predivide_factor']} is not supported "
-                         f"by DeepSpeed with ZeRO 2's reduce-scatter: remove it, or set "
-                         f"zero_optimization.reduce_scatter false")
-    if not zero.compute_grad_norm and ds_config.get("gradient_clipping", 0) != 0:
-        found.append(f"{path}: zero_optimization.compute_grad_norm false leaves DeepSpeed no norm to clip with: set "
-                     f"gradient_clipping 0, or remove compute_grad_norm")
-    return found
 
 
 def precision_problems(ds_config, path):

@@ -122,41 +122,6 @@ def no_memory_dumps():
         bf16_optimizer.see_memory_usage = original
 
 
-def reapply_run_settings(engine, weight_decay):
-    """After a checkpoint's optimizer state is loaded: what this run's flags and JSON ask for, where DeepSpeed put the
-    checkpoint's in its place (it loads the param groups, the gradient clipping and fp16's loss scaler as they were
-    saved, and --weight_decay 0.0 on a run trained with 0.1 kept 0.1 without a word): each group's weight decay
-    (param_groups: --weight_decay on the first, none on the second), the JSON's Adam parameters (betas, eps, fused,
-    ...), gradient_clipping, and fp16's loss-scaling window, hysteresis and minimum (the current scale is state, and
-    stays). Before settle_adam_state, which makes the step counts what the (maybe now fused) optimizer takes. Returns
-    one line per setting changed. (The lr schedule's flags: gpt.train.trainer.Trainer._schedule_changes.)"""
-    adam, changed = engine.basic_optimizer, {}
-    asked = {key: value for key, value in engine.optimizer_params().items()
-             if key not in ("lr", "torch_adam", "weight_decay")}
-    alike = lambda value: list(value) if isinstance(value, tuple) else value  # noqa: E731 -- betas: JSON's list
-    for group, decay in zip(adam.param_groups, (weight_decay, 0.0)):
-        for key, value in {"weight_decay": decay, **asked}.items():
-            had = group.get(key)
-            if (key in group or key in adam.defaults) and alike(had) != alike(value):
-                group[key] = value
-                changed.setdefault("--weight_decay" if key == "weight_decay" else f"optimizer.params.{key}",
-                                   (alike(value), alike(had)))
-    optimizer = engine.optimizer
-    if hasattr(optimizer, "clip_grad") and optimizer.clip_grad != engine.gradient_clipping():
-        changed["gradient_clipping"] = (engine.gradient_clipping(), optimizer.clip_grad)
-        optimizer.clip_grad = engine.gradient_clipping()
-    scaler = getattr(optimizer, "loss_scaler", None)
-    if engine.fp16_enabled() and hasattr(scaler, "scale_window"):
-        asked = engine.dynamic_loss_scale_args()
-        for attribute, name in (("scale_window", "loss_scale_window"), ("min_scale", "min_loss_scale"),
-                                ("delayed_shift", "hysteresis")):
-            if getattr(scaler, attribute) != asked[attribute]:
-                changed[f"fp16.{name}"] = (asked[attribute], getattr(scaler, attribute))
-                setattr(scaler, attribute, asked[attribute])
-        scaler.cur_hysteresis = min(scaler.cur_hysteresis, scaler.delayed_shift)
-    return [f"{name} {value} applied (the checkpoint's run had {had})" for name, (value, had) in changed.items()]
-
-
 def settle_adam_state(engine):
     """After a checkpoint's optimizer state is loaded: the state in the form the optimizer in use keeps it (the
     checkpoint may be the other Adam's: from_the_other_adam), and on CPU FusedAdam's running products replayed

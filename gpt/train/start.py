@@ -236,8 +236,19 @@ def read_ds_config(settings, device_type):
         problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                         f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
     problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config)),
-                             dsc.builds_an_op(ds_config) and host.extensions_dir_problem()] if p]
+                             dsc.builds_an_op(ds_config) and host.extensions_dir_problem(),
+                             guard_problem(settings, ds_config)] if p]
     return ds_config, problems
+
+
+def guard_problem(settings, ds_config):
+    """--skip_grad_z acts on the gradient norm DeepSpeed measures: with compute_grad_norm false there is none, and the
+    guard could never act."""
+    if settings.optimizer.skip_grad_z and (ds_config.get("zero_optimization") or {}).get("compute_grad_norm") is False:
+        return (f"--skip_grad_z {settings.optimizer.skip_grad_z:g}: {settings.run.ds_config} sets "
+                f"zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient norm for it to act on: "
+                f"drop one of them")
+    return None
 
 
 def model_config(settings):

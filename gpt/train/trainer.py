@@ -14,7 +14,7 @@ from gpt.data import hellaswag
 from gpt.data.shards import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.runtime import ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.runtime.memory import is_out_of_memory, release_memory, reset_peak_memory
-from gpt.train import checkpoint, engine as ds_engine, start, universal
+from gpt.train import checkpoint, engine as ds_engine, resume_settings, start
 from gpt.train.evaluate import sample_text, validation_loss
 from gpt.train.metrics import MetricsLogger, Progress, hparams_of, slow_step_warning, step_metrics, step_profiler
 from gpt.train.stop import StopRequest
@@ -182,15 +182,9 @@ class Trainer:
                 say0(f"--resume {settings.checkpoint.resume}: no checkpoint in "
                      f"{checkpoint.checkpoint_dir(settings.run.out_dir)}; fresh start")
             return 0
-        if kind == "universal":
-            state, rng_problem = universal.load(engine, path), None
-        else:
-            state, rng_problem = checkpoint.load(engine, path, load_optimizer_states=kind != "weights",
-                                                 restore_rng=kind == "exact")
-        if kind != "weights":
-            for note in ds_engine.reapply_run_settings(engine, settings.optimizer.weight_decay):
-                say0(f"resume: {note}")
-            ds_engine.settle_adam_state(engine)  # e.g. a FusedAdam checkpoint's step count as torch's AdamW keeps it
+        state, rng_problem, notes = resume_settings.load(engine, path, kind)
+        for note in notes:
+            say0(f"resume: {note}")
         if engine.global_rank == 0:
             checkpoint.set_aside_damaged(checkpoint.checkpoint_dir(settings.run.out_dir), path)
         step = state["step"] + 1
@@ -210,7 +204,7 @@ class Trainer:
             loaded = "weights, optimizer, schedule, " + position + " and " + (
                 "RNG" if every_rng else "not the RNG of every rank (see the warning)")
         else:
-            how = (f"through its universal form, {Path(path) / universal.UNIVERSAL}" if kind == "universal"
+            how = (f"through its universal form, {Path(path) / checkpoint.UNIVERSAL}" if kind == "universal"
                    else "ZeRO 0 keeps it whole")
             loaded = (f"weights, fp32 master weights, Adam's moments ({how}), schedule and {position}; not the RNG "
                       f"({layout}: the random states were per rank)")

@@ -537,6 +537,38 @@ TRAIN_CASES = [
     (lambda t: ["--ds_config", ds_json(t, zero_optimization={"stage": 2, "compute_grad_norm": False})],
      "error: {path}: zero_optimization.compute_grad_norm false leaves DeepSpeed no norm to clip with: set "
      "gradient_clipping 0, or remove compute_grad_norm"),
+    # accepted by DeepSpeed's parser, then an assert, ValueError or Exception from every rank, or silently overridden
+    (lambda t: ["--ds_config", ds_json(t, gradient_clipping=0, bf16={"enabled": True},
+                                       data_types={"grad_accum_dtype": "fp32"},
+                                       zero_optimization={**ZERO, "stage": 1, "compute_grad_norm": False})],
+     "error: {path}: zero_optimization.compute_grad_norm false is not supported by DeepSpeed with ZeRO 1, bf16 and fp32 "
+     "gradient accumulation (its BF16_Optimizer always measures the norm): remove it, or use ZeRO 2"),
+    (lambda t: ["--skip_grad_z", "3", "--ds_config", ds_json(t, gradient_clipping=0,
+                                                             zero_optimization={**ZERO, "compute_grad_norm": False})],
+     "error: --skip_grad_z 3: {path} sets zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient "
+     "norm for it to act on: drop one of them"),
+    (lambda t: ["--ds_config", ds_json(t, managed_gradient_accumulation=False)],
+     "error: {path}: managed_gradient_accumulation false is not supported by this trainer (it steps the engine after "
+     "every micro-batch and lets DeepSpeed accumulate, so each micro-batch would be an update of its own): remove it"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "allgather_bucket_size": 1})],
+     "error: {path}: zero_optimization.allgather_bucket_size 1 must be a multiple of 2 (ZeRO aligns its all-gather "
+     "buffers to 4 bytes, 2 16-bit elements)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "legacy_stage1": True})],
+     "error: {path}: zero_optimization.legacy_stage1 true: DeepSpeed removed that ZeRO 1 in 0.5.9 and refuses it: "
+     "remove it (\"stage\": 1 is today's ZeRO 1)"),
+    (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "zenflow": {"topk_ratio": 0.1}})],
+     "error: {path}: zero_optimization.zenflow is not supported by this trainer (ZenFlow runs on ZeRO-Offload's CPU "
+     "optimizer, which this trainer does not run): remove it"),
+    *((lambda t, p=p: ["--cpu_fp16", "--ds_config", ds_json(t, **{p: {"enabled": True, f"{p}_master_weights_and_grads":
+                                                                          True}})],
+       f"error: {{path}}: {p}.{p}_master_weights_and_grads true is not supported by this trainer (16-bit master "
+       f"weights and gradients: DeepSpeed runs them only with ZeRO-Offload's CPU Adam or bf16 optimizer states, "
+       f"neither of which this trainer runs): remove it") for p in ("fp16", "bf16")),
+    (lambda t: ["--ds_config", ds_json(t, optimizer={"type": "AdamW", "params": {**OPTIMIZER["params"],
+                                                                                 "adam_w_mode": False}})],
+     "error: {path}: optimizer.params.adam_w_mode false contradicts optimizer.type \"AdamW\" (DeepSpeed would run "
+     "AdamW's decoupled weight decay anyway): use \"type\": \"Adam\" for Adam with L2 weight decay, or remove "
+     "adam_w_mode"),
     # a value is quoted up to 200 characters: an optimizer given as a 30 MB string echoed all of it
     (lambda t: ["--ds_config", ds_json(t, optimizer="x" * 3_000_000)],
      "error: {path}: 'optimizer' must be a JSON object, got \"" + "x" * 149 + "..." + "x" * 19 + "\" (3,000,002 "

@@ -80,34 +80,104 @@ def saved_param_groups(step_dir):
         "param_groups"]
 
 
+def saved_loss_scaler(step_dir):
+    """fp16's loss scaler a checkpoint holds (rank 0's ZeRO file)."""
+    (path,) = step_dir.glob("*zero_pp_rank_0_*optim_states.pt")
+    return torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]["loss_scaler"]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_a_resume_applies_the_optimizer_settings_it_is_given(tmp_path, small_vocab_dir, precision):
     """DeepSpeed loads the param groups, the gradient clipping and fp16's loss scaler as the checkpoint saved them:
     --weight_decay 0.0 on a run trained with 0.1 kept 0.1, and so did a changed JSON, without a word. The run's flags
-    and JSON now apply from the resumed step on, each said in one line; a resume that changes nothing says nothing
-    (and stays bit-exact: test_resume_reproduces_the_uninterrupted_run_bit_for_bit)."""
+    and JSON now apply from the resumed step on, each said in one line, a key removed from the JSON (eps) as its
+    default; a resume that changes nothing says nothing (and stays bit-exact:
+    test_resume_reproduces_the_uninterrupted_run_bit_for_bit)."""
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "hysteresis": 2, "min_loss_scale": 1}
-    before = write_ds_config(tmp_path / "before.json", "zero2_fp32.json", stage=2, precision="fp32",
-                             **({"fp16": fp16} if precision == "fp16" else {}))
+    before = write_ds_config(tmp_path / "before.json", "zero2_fp32.json", stage=2, precision="fp32", optimizer={
+        "type": "AdamW", "params": {"betas": [0.9, 0.95], "eps": 1e-06, "torch_adam": True, "fused": True}},
+        **({"fp16": fp16} if precision == "fp16" else {}))
     after = write_ds_config(tmp_path / "after.json", "zero2_fp32.json", gradient_clipping=0.5, optimizer={
-        "type": "AdamW", "params": {"betas": [0.9, 0.99], "eps": 1e-08, "torch_adam": True, "fused": True}},
-        **({"fp16": {**fp16, "hysteresis": 4, "loss_scale_window": 50}} if precision == "fp16" else {}))
+        "type": "AdamW", "params": {"betas": [0.9, 0.99], "torch_adam": True, "fused": True}},
+        **({"fp16": {**fp16, "hysteresis": 4, "loss_scale_window": 50, "consecutive_hysteresis": True,
+                     "initial_scale_power": 6}} if precision == "fp16" else {}))
     flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2",
              *(["--cpu_fp16"] if precision == "fp16" else [])]
     train(tmp_path, small_vocab_dir, *flags, "--max_steps", "2", "--ds_config", before)
-    _, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "4", "--ds_config", after, "--resume", "auto",
-                    "--weight_decay", "0.05")
+    records, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "4", "--ds_config", after, "--resume",
+                          "auto", "--weight_decay", "0.05")
     notes = [line for line in proc.stdout.splitlines() if line.startswith("resume: ")]
     assert notes == ["resume: --weight_decay 0.05 applied (the checkpoint's run had 0.1)",
                      "resume: optimizer.params.betas [0.9, 0.99] applied (the checkpoint's run had [0.9, 0.95])",
+                     "resume: optimizer.params.eps 1e-08 (its default) applied (the checkpoint's run had 1e-06)",
                      "resume: gradient_clipping 0.5 applied (the checkpoint's run had 1.0)"] + (
         ["resume: fp16.loss_scale_window 50 applied (the checkpoint's run had 1000)",
-         "resume: fp16.hysteresis 4 applied (the checkpoint's run had 2)"] if precision == "fp16" else [])
+         "resume: fp16.hysteresis 4 applied (the checkpoint's run had 2)",
+         "resume: fp16.consecutive_hysteresis true applied (the checkpoint's run had false)",
+         "resume: fp16.initial_scale_power 6 applied (the checkpoint's run had 8): the loss scale restarts at 64 (it "
+         "was 256)"] if precision == "fp16" else [])
     groups = saved_param_groups(tmp_path / "checkpoints" / "step_00000003")
-    assert [g["weight_decay"] for g in groups] == [0.05, 0.0] and all(list(g["betas"]) == [0.9, 0.99] for g in groups)
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0]
+    assert all(list(g["betas"]) == [0.9, 0.99] and g["eps"] == 1e-08 for g in groups)
+    if precision == "fp16":
+        scaler = saved_loss_scaler(tmp_path / "checkpoints" / "step_00000003")
+        assert (scaler.consecutive_hysteresis, scaler.delayed_shift, scaler.scale_window) == (True, 4, 50)
+        assert [r["loss_scale"] for r in records if "loss" in r and r["step"] == 2] == [64.0]
     _, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "5", "--ds_config", after, "--resume", "auto",
                     "--weight_decay", "0.05")
     assert "resume: " not in proc.stdout  # nothing changed since
+
+
+def test_a_resume_switches_fp16_between_a_static_and_a_dynamic_loss_scale(tmp_path, small_vocab_dir):
+    """DeepSpeed loads the checkpoint's loss scaler, static or dynamic, over the one the JSON asks for: a static 128
+    after a dynamic run kept the dynamic scale (the loss_scale column read 256). Now this run's scaler, said; a key
+    removed from the block afterwards is its default, said the same way."""
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "min_loss_scale": 1}
+    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "1", "--cpu_fp16"]
+    runs = [(2, {**fp16}), (3, {**fp16, "loss_scale": 128}), (4, {**fp16, "loss_scale_window": 100}), (5, fp16)]
+    outputs = []
+    for max_steps, block in runs:
+        config = write_ds_config(tmp_path / f"{max_steps}.json", "zero2_fp32.json", fp16=block)
+        records, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", str(max_steps), "--ds_config", config,
+                              *(["--resume", "auto"] if max_steps > 2 else []))
+        outputs.append(([line for line in proc.stdout.splitlines() if line.startswith("resume: ")],
+                        [r["loss_scale"] for r in records if "loss" in r][-1],
+                        saved_loss_scaler(tmp_path / "checkpoints" / f"step_{max_steps - 1:08d}")))
+    assert outputs[1][:2] == (["resume: fp16.loss_scale 128 applied (the checkpoint's run had 0: a dynamic scale, "
+                               "256 when saved)"], 128.0)
+    assert (outputs[1][2].dynamic, outputs[1][2].cur_scale) == (False, 128)
+    assert outputs[2][:2] == (["resume: fp16.loss_scale 0 (a dynamic scale from 256) applied (the checkpoint's run "
+                               "had 128)"], 256.0)
+    assert (outputs[2][2].dynamic, outputs[2][2].cur_scale, outputs[2][2].scale_window) == (True, 256, 100)
+    # a key removed from the JSON: its default, said
+    assert outputs[3][0] == ["resume: fp16.loss_scale_window 1000 (its default) applied (the checkpoint's run had 100)"]
+    assert outputs[3][2].scale_window == 1000
+
+
+def test_a_resume_turns_amsgrad_on_and_drops_clipping_for_compute_grad_norm_false(tmp_path, small_vocab_dir):
+    """amsgrad false -> true on a checkpoint without max_exp_avg_sq raised KeyError at the first resumed step;
+    compute_grad_norm false (with gradient_clipping 0) on a checkpoint clipped at 1.0 raised DeepSpeed's ValueError
+    from its load. Both now apply, said."""
+    params = {"betas": [0.9, 0.95], "eps": 1e-08, "torch_adam": True, "fused": True}
+    before = write_ds_config(tmp_path / "before.json", "zero2_fp32.json", gradient_clipping=1.0,
+                             optimizer={"type": "AdamW", "params": params})
+    after = write_ds_config(tmp_path / "after.json", "zero2_fp32.json", gradient_clipping=0,
+                            optimizer={"type": "AdamW", "params": {**params, "amsgrad": True}},
+                            zero_optimization={"stage": 2, "compute_grad_norm": False})
+    flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
+    train(tmp_path, small_vocab_dir, *flags, "--max_steps", "2", "--ds_config", before)
+    records, proc = train(tmp_path, small_vocab_dir, *flags, "--max_steps", "4", "--ds_config", after, "--resume",
+                          "auto")
+    assert [line for line in proc.stdout.splitlines() if line.startswith("resume: ")] == [
+        "resume: optimizer.params.amsgrad true applied (the checkpoint's run had false)",
+        "resume: optimizer.params.amsgrad: the checkpoint holds no maximum of exp_avg_sq (its run ran without "
+        "AMSGrad): AMSGrad's maximum starts from the resumed step",
+        "resume: gradient_clipping 0 applied (the checkpoint's run had 1.0)"]
+    assert [r["step"] for r in records if "loss" in r] == [0, 1, 2, 3]  # trained on, no KeyError
+    (path,) = (tmp_path / "checkpoints" / "step_00000003").glob("*zero_pp_rank_0_*optim_states.pt")
+    saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    assert saved["clip_grad"] == 0 and all("max_exp_avg_sq" in state for state in
+                                           saved["base_optimizer_state"]["state"].values())
 
 
 def started_with(signum, disposition):
