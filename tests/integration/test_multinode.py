@@ -196,6 +196,36 @@ def test_a_hostfile_missing_or_with_a_bad_line_is_one_line_from_the_callers_dire
     proc = launch()
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "error: HOSTFILE=nodes: not a readable file: list every "
                                                                    "node and its GPUs, one per line ('node1 slots=8')\n")
-    (tmp_path / "nodes").write_text("# two nodes\nnode1 slots=8\n\nnode2 slot=8\n")
+    for text, problem in [
+            ("# two nodes\nnode1 slots=8\n\nnode2 slot=8\n", "line 4, 'node2 slot=8', is not 'HOST slots=N'"),
+            # DeepSpeed: exit 0 without starting a rank; its ValueError tracebacks
+            ("node1 slots=8\nnode2 slots=0\n", "line 2, 'node2 slots=0': slots=0 starts no rank on node2 (1 or more GPUs)"),
+            ("node1 slots=8\nnode1 slots=8\n", "line 2: node1 is listed already, on line 1"),
+            ("", "lists no node: one line per node and its GPUs ('node1 slots=8')"),
+            ("# node1 slots=8\n\n", "lists no node: one line per node and its GPUs ('node1 slots=8')")]:
+        (tmp_path / "nodes").write_text(text)
+        proc = launch()
+        assert (proc.returncode, proc.stderr) == (2, f"error: HOSTFILE=nodes: {problem}\n")
+    (tmp_path / "nodes").write_text("localhost slots=2 # main\n")  # as DeepSpeed reads it: one node, a comment
+    env["NODE_RANK"] = "1"  # read as that one node: refused here, before anything starts
     proc = launch()
-    assert (proc.returncode, proc.stderr) == (2, "error: HOSTFILE=nodes: line 4, 'node2 slot=8', is not 'HOST slots=N'\n")
+    assert (proc.returncode, proc.stderr) == (2, "error: NODE_RANK=1: not a node of HOSTFILE=nodes (0 to 0, its lines in "
+                                                 "order)\n")
+
+
+def test_over_ssh_a_node_that_does_not_answer_is_one_line_within_ssh_timeout(tmp_path):
+    """DeepSpeed's check asks the first node alone, with no time limit: a hostfile naming an unreachable address said
+    nothing for 75 s and more. Each node is asked within SSH_TIMEOUT. Here an ssh that never answers for node2 (as an
+    address that drops packets), whatever this machine's ssh and network."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/sh\ncase "$*" in *node2*) exec sleep 600;; esac\n')
+    (bin_dir / "ssh").chmod(0o755)
+    (tmp_path / "nodes").write_text("node1 slots=1\nnode2 slots=1\n")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu",
+           "HOSTFILE": "nodes", "SSH_TIMEOUT": "2"}
+    proc = subprocess.run(["bash", str(REPO / "launch" / "multinode.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", (
+        "error: HOSTFILE=nodes: node node2 is not reachable over ssh (no answer within 2 s, SSH_TIMEOUT): every node "
+        "needs passwordless ssh from this one; or start one command per node with NODE_RANK (docs/multinode.md)\n"))

@@ -55,8 +55,21 @@ def test_the_store_hosts_port_is_checked_before_anything_is_written(monkeypatch)
         assert ranks.store_port_problem(environ) is None
     monkeypatch.setattr(ranks.dist, "is_initialized", lambda: False)
     assert ranks.store_port_problem(environ) is None  # released
-    assert ranks.store_port_problem({**environ, "MASTER_PORT": "70000"}) == \
-        "MASTER_PORT='70000': not a port number (1-65535)"
+    assert ranks.store_port_problem({**environ, "MASTER_PORT": "70000"}) is None  # master_port_problem's to say
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_master_port_that_is_no_port_is_one_line_on_every_rank(rank):
+    """deepspeed --master_port 296114: rank 0 said so in one line, rank 1 printed torch's `ValueError: port must have
+    value from 0 to 65535` traceback. Every rank asks now (exit_with lets rank 0 alone say it)."""
+    from gpt.runtime import ranks
+
+    environ = {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    assert ranks.master_port_problem({**environ, "MASTER_PORT": "296114"}) == \
+        "MASTER_PORT='296114': not a port number (1-65535)"
+    assert ranks.master_port_problem({**environ, "MASTER_PORT": "0"}) == "MASTER_PORT='0': not a port number (1-65535)"
+    assert ranks.master_port_problem({**environ, "MASTER_PORT": "29500"}) is None
+    assert ranks.master_port_problem(environ) is None  # no launcher's port: a plain `python` run picks its own
 
 
 @pytest.mark.parametrize("rank, hard, waited", [(0, False, []), (1, False, [5.0]), (1, True, [])])
