@@ -3,7 +3,7 @@
 #     node1 slots=8
 #     node2 slots=8
 # and every node needs the repo and the data at the same path. Two ways to start the job:
-#   over ssh (pdsh), from node1, with passwordless ssh to every node:
+#   over ssh (pdsh), from node1, with passwordless ssh to every node (each asked first, SSH_TIMEOUT s, default 10):
 #       bash launch/multinode.sh
 #   one command per node, no ssh (as in tests/integration/test_multinode.py, two nodes on one machine):
 #       NODE_RANK=0 MASTER_ADDR=node1 bash launch/multinode.sh      # on node1

@@ -22,6 +22,8 @@ import time
 
 import psutil
 
+from gpt.console import importing
+
 LAUNCHER_MARKS = ("deepspeed.launcher.launch", "torch.distributed.run", "torchrun")
 DEEPSPEED_LAUNCH = "deepspeed.launcher.launch"
 DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
@@ -92,17 +94,6 @@ class StoppedDuringStartUp(SystemExit):
     """Raised in the main thread by a stop before the first step: the interpreter prints the message (local
     rank 0's only: one line per machine) and exits with status 1; finally blocks on the way run (torch's JIT
     build lock is released, its ninja killed)."""
-
-
-def importing(frame):
-    """Whether `frame`, or a frame it was called from, runs an import (importlib's bootstrap). A library may catch
-    everything around an import (bare except) and go on: a start-up stop raised there would be lost, and the module
-    it interrupted left half-made in another module's globals (numpy without np.intp, seen once in CI)."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
-            return True
-        frame = frame.f_back
-    return False
 
 
 class StopRequest:

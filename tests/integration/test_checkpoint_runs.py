@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from conftest import (REPO, TINY, free_port, out_dir_of, saved_tensors, succeeded, train, two_rank_run,
-                      write_ds_config)
+from conftest import (REPO, TINY, default_signals, free_port, out_dir_of, saved_tensors, succeeded, train,
+                      two_rank_run, write_ds_config)
 from gpt.train import checkpoint, resume, universal
 from gpt.console import BadInput
 
@@ -130,12 +130,6 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
     records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", str(stopped_at + 3),
                           "--total_batch_tokens", "512", "--save_every", "0", "--resume", "auto")
     assert f"at step {stopped_at + 1}" in proc.stdout
-
-
-def default_signals():
-    """A child's stop signals at their defaults, whatever this process's own (nohup ignores SIGHUP)."""
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
 
 
 @pytest.mark.slow

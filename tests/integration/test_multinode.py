@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from conftest import GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
+from conftest import (GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, default_signals, free_port, succeeded, train,
+                      two_rank_run)
 from gpt.train import resume
 
 # GPT-2's vocabulary: steps long enough (~0.25 s) that the drills' signals land before the run's last step
@@ -229,3 +230,17 @@ def test_over_ssh_a_node_that_does_not_answer_is_one_line_within_ssh_timeout(tmp
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", (
         "error: HOSTFILE=nodes: node node2 is not reachable over ssh (no answer within 2 s, SSH_TIMEOUT): every node "
         "needs passwordless ssh from this one; or start one command per node with NODE_RANK (docs/multinode.md)\n"))
+
+
+def test_a_node_that_never_starts_is_named_in_one_line_after_the_collective_timeout(tmp_path, small_vocab_dir):
+    """NODE_RANK=0 started alone, node1 never: torch's `DistStoreError: Timed out after 21 seconds waiting for clients.
+    1/2 clients joined.` was a traceback. One line now, naming the node that did not join."""
+    port = free_port()
+    env = node_env(tmp_path, small_vocab_dir, port, 0)
+    proc = subprocess.run(["bash", "launch/multinode.sh", *ARGS, "--collective_timeout", "10"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, preexec_fn=default_signals)
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: the process group did not form within 10 s (--collective_timeout): 1 of 2 ranks joined; not joined: "
+        f"node1 (node 1). Start every node's command (NODE_RANK=0, 1, ...), each able to reach MASTER_ADDR:MASTER_PORT "
+        f"127.0.0.1:{port}"], proc.stderr[-3000:]

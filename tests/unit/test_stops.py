@@ -302,3 +302,16 @@ def test_evaluation_asks_for_a_stop_that_a_launcher_gone_is(monkeypatch):
         assert request.asked() is True and request.requested == "its launcher exiting (pid 4242)"
     finally:
         request.close()
+
+
+@pytest.mark.parametrize("argv, tool", [
+    (["/usr/bin/python3", "/venv/bin/gpt-sample", "--prompt", "x"], True),  # a console script, as its #! runs it
+    (["python", "-m", "gpt.commands.export", "ckpt"], True), (["python", "-u", "-m", "gpt.commands.plan"], True),
+    (["python", "train_ds.py", "--model", "tiny"], False), (["python", "-m", "pytest", "tests/unit"], False),
+    (["python", "bench/data.py"], False), (["python", "-c", "import gpt.commands.prepare"], False)])
+def test_the_ctrl_c_of_a_tools_imports_is_set_in_a_tools_process_alone(argv, tool):
+    """ctrl_c_in_imports_is_one_line is installed by gpt/commands/__init__.py only where the process is a console tool:
+    not in the trainer's ranks (their StopRequest handles signals), a test run or a script that imports a tool's main."""
+    from gpt.console import run_as_a_console_tool
+
+    assert run_as_a_console_tool(argv) is tool
