@@ -5,7 +5,8 @@ Slurm. Two nodes give one
 node's losses step for step; a SIGKILLed node makes the survivor exit with one line, and the relaunch
 continues from the last complete checkpoint, never from one left half-written; a SIGTERM to one launcher's
 PID saves and stops both nodes. Both drills share one run (each launch of two nodes costs ~15 s of start-up
-on 2 cores)."""
+on 2 cores). And launch/multinode.sh's own checks, each one line: a bad hostfile, a node that does not answer over
+ssh, a node that never starts."""
 import json
 import os
 import shutil

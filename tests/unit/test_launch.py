@@ -89,3 +89,28 @@ def test_a_rank_that_leaves_the_saying_to_rank_0_waits_for_it(monkeypatch, capsy
         console.exit_with("--out_dir x holds an earlier run", 2, hard=hard)
     assert exit_info.value.code == 2 and slept == waited
     assert capsys.readouterr().err == ("error: --out_dir x holds an earlier run\n" if rank == 0 else "")
+
+
+def test_a_process_group_that_did_not_form_names_the_nodes_that_did_not_join():
+    """torch's `DistStoreError: Timed out after 21 seconds waiting for clients. 1/2 clients joined.` on node 0 (the
+    store's), and its connect timeout on a node whose store never came: one line each, naming the nodes (DeepSpeed's
+    launcher's --world_info, in node-rank order; CROSS_RANK is this node's)."""
+    import torch.distributed as dist
+
+    from gpt.runtime import ranks
+
+    environ = {"CROSS_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    store = dist.DistStoreError("Timed out after 21 seconds waiting for clients. 1/2 clients joined.")
+    assert ranks.rendezvous_problem(store, 20.0, environ, nodes=["a", "b"]) == (
+        "the process group did not form within 20 s (--collective_timeout): 1 of 2 ranks joined; not joined: b (node 1). "
+        "Start every node's command (NODE_RANK=0, 1, ...), each able to reach MASTER_ADDR:MASTER_PORT 10.0.0.1:29500")
+    three = dist.DistStoreError("Timed out after 21 seconds waiting for clients. 2/3 clients joined.")
+    assert "2 of 3 ranks joined; not joined: some of b (node 1), c (node 2). " in ranks.rendezvous_problem(
+        three, 20.0, environ, nodes=["a", "b", "c"])
+    connect = dist.DistNetworkError("The client socket has timed out after 20000ms while trying to connect to "
+                                    "(10.0.0.1, 29500).")
+    assert ranks.rendezvous_problem(connect, 20.0, {**environ, "CROSS_RANK": "1"}, nodes=["a", "b"]) == (
+        "the process group's store on a (node 0) did not answer within 20 s (--collective_timeout) at "
+        "MASTER_ADDR:MASTER_PORT 10.0.0.1:29500: start node 0's command too, and check that this node reaches that "
+        "address")
+    assert ranks.rendezvous_problem(dist.DistNetworkError("Connection reset by peer"), 20.0, environ, nodes=[]) is None
