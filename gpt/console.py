@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import re
+import signal
 import stat
 import sys
 import time
@@ -117,12 +118,57 @@ def one_line_on_ctrl_c(then):
     def decorate(main):
         @functools.wraps(main)
         def guarded(*args, **kwargs):
+            global ctrl_c_leaves
+            ctrl_c_leaves = then  # main has started (ctrl_c_in_imports_is_one_line)
             try:
                 return main(*args, **kwargs)
             except KeyboardInterrupt:
                 exit_with(f"stopped by Ctrl-C (SIGINT): {then}", 130)
         return guarded
     return decorate
+
+
+ctrl_c_leaves = None  # what a Ctrl-C leaves once a tool's main has started (one_line_on_ctrl_c); before: nothing
+
+
+def importing(frame):
+    """Whether `frame`, or a frame it was called from, runs an import (importlib's bootstrap). A library may catch
+    everything around an import (bare except) and go on: an exception raised there by a signal's handler would be lost,
+    or turned into another (`TypeError: expected a message argument`), and the module it interrupted left half-made in
+    another module's globals (numpy without np.intp, seen once in CI)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def run_as_a_console_tool(argv=None):
+    """Whether this process is one of gpt/commands' tools: its console script (gpt-eval, ...) or `python -m
+    gpt.commands.NAME` (argv: the interpreter's own command line, sys.orig_argv)."""
+    argv = sys.orig_argv if argv is None else argv
+    scripts = [os.path.basename(arg) for arg in argv[:2]]
+    return any(name.startswith("gpt-") for name in scripts) or any(
+        flag == "-m" and module.startswith("gpt.commands.") for flag, module in zip(argv, argv[1:]))
+
+
+def ctrl_c_in_imports_is_one_line():
+    """In a console tool's process, before its modules import torch and DeepSpeed (seconds): a Ctrl-C before its main
+    starts, or inside an import after, ends the tool at once, `error: stopped by Ctrl-C (SIGINT): <what it leaves>` and
+    exit status 130, where a KeyboardInterrupt traceback came out. Elsewhere in main it is the KeyboardInterrupt that
+    one_line_on_ctrl_c turns into the same line (and the finally blocks on the way run). Not where SIGINT was ignored
+    from the start (nohup, a script's `cmd &`)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _ctrl_c)
+
+
+def _ctrl_c(signum, frame):
+    if ctrl_c_leaves is not None and not importing(frame):
+        raise KeyboardInterrupt
+    with contextlib.suppress(Exception):  # a print the signal interrupted holds the buffer: what it had is lost
+        sys.stdout.flush()
+    os.write(2, f"error: stopped by Ctrl-C (SIGINT): {ctrl_c_leaves or 'nothing was written'}\n".encode())
+    os._exit(130)  # not an exception: raised inside the import machinery, it came out as a traceback
 
 
 def exit_if(problems, status=1):

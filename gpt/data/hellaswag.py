@@ -179,32 +179,31 @@ def example_losses(model, examples, device, block_size):
 
 @torch.no_grad()
 def evaluate(model, examples, device, block_size, batch_examples=8, progress=False, cut_short=lambda: False):
-    """{'acc', 'acc_norm', 'examples'}: rank r of W scores examples r, r + W, ...; counts are summed. None once
-    cut_short(), asked before each batch (a stop request), is true: the rest is skipped (the sum still runs, once,
-    as on every rank)."""
+    """{'acc', 'acc_norm', 'examples'}: rank r of W scores examples r, r + W, ...; counts are summed. None on every
+    rank once cut_short(), asked before each batch (a stop request), is true on any: that rank skips the rest (the sum
+    still runs, once, as on every rank) and its flag in the sum tells the others their counts are partial."""
     from tqdm import tqdm
 
     was_training = model.training
     model.eval()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = examples[rank::world]
-    counts = torch.zeros(3, dtype=torch.float64)  # correct by sum, correct by mean, examples
-    batches, stopped = range(0, len(mine), batch_examples), False
-    for start in tqdm(batches, desc="hellaswag", disable=not (progress and rank == 0)):
-        stopped = cut_short()
-        if stopped:
+    counts = torch.zeros(4, dtype=torch.float64)  # correct by sum, correct by mean, examples, ranks cut short
+    for start in tqdm(range(0, len(mine), batch_examples), desc="hellaswag", disable=not (progress and rank == 0)):
+        if cut_short():
+            counts[3] = 1.0
             break
         group = mine[start:start + batch_examples]
         summed, mean = example_losses(model, group, device, block_size)
         labels = torch.tensor([e.label for e in group])
-        counts += torch.tensor([(summed.argmin(1) == labels).sum().item(), (mean.argmin(1) == labels).sum().item(),
-                                len(group)], dtype=torch.float64)
+        counts[:3] += torch.tensor([(summed.argmin(1) == labels).sum().item(), (mean.argmin(1) == labels).sum().item(),
+                                    len(group)], dtype=torch.float64)
     if dist.is_initialized():
         counts = counts.to(device)
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
         counts = counts.cpu()
     model.train(was_training)
-    if stopped:
+    if counts[3].item() > 0:
         return None
     return {"acc": counts[0].item() / counts[2].item(), "acc_norm": counts[1].item() / counts[2].item(),
             "examples": int(counts[2].item())}

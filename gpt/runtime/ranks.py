@@ -1,9 +1,13 @@
 """Ranks and the process group: what the launcher set, joining the group (NCCL on GPUs, gloo on CPU, with the
 host fixes of gpt/runtime/host.py applied around it), a mean over ranks, a flag every rank holds, a lost rank told
 apart, a step timed on the device, a free port."""
+import base64
+import binascii
 import datetime
 import errno
+import json
 import os
+import re
 import socket
 import time
 
@@ -44,6 +48,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def master_port_problem(environ=os.environ):
+    """Why MASTER_PORT (the launcher's --master_port) is no port number, or None. Every rank asks (rank 0 says it):
+    the rank that hosts the store found it, and every other rank ended in torch's `ValueError: port must have value
+    from 0 to 65535` traceback."""
+    port = environ.get("MASTER_PORT")
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        return f"MASTER_PORT={port!r}: not a port number (1-65535)"
+    return None
+
+
 def store_port_problem(environ=os.environ):
     """Why the rank that will host the process group's store (RANK 0; under torchrun its agent hosts it) cannot listen
     on MASTER_PORT, or None: a port in use failed only inside torch's rendezvous, as a traceback (EADDRINUSE)."""
@@ -51,8 +65,8 @@ def store_port_problem(environ=os.environ):
             or "MASTER_PORT" not in environ or dist.is_initialized()):  # a group joined before (tests): its store's
         return None
     port = environ["MASTER_PORT"]
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        return f"MASTER_PORT={port!r}: not a port number (1-65535)"
+    if master_port_problem(environ):
+        return None  # said by master_port_problem
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds: a closed run's port is free
         try:
@@ -102,11 +116,52 @@ def setup_distributed(allow_cpu_fp16=False, timeout_s=600):
     try:
         deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(),
                                    timeout=datetime.timedelta(seconds=timeout_s))
-    except dist.DistNetworkError as e:
-        if "EADDRINUSE" not in str(e):
+    except dist.DistError as e:
+        if "EADDRINUSE" in str(e):
+            exit_with(port_in_use(os.environ.get("MASTER_PORT")), 2)  # taken since store_port_problem looked
+        problem = rendezvous_problem(e, timeout_s)
+        if problem is None:
             raise
-        exit_with(port_in_use(os.environ.get("MASTER_PORT")), 2)  # taken since store_port_problem looked
+        exit_with(problem, 1, every_rank=not isinstance(e, dist.DistStoreError))  # a node without the store: each says
     return torch.device(accelerator.device_name(local_rank))
+
+
+def launch_nodes():
+    """The nodes of this launch in node-rank order, as DeepSpeed's runner gave them to this rank's launcher (its
+    --world_info, base64 JSON {host: [slots]}); [] under another launcher."""
+    import psutil
+
+    try:
+        cmdline = psutil.Process().parent().cmdline()
+    except (psutil.Error, AttributeError):  # AttributeError: no parent
+        return []
+    encoded = next((arg.split("=", 1)[1] for arg in cmdline if arg.startswith("--world_info=")), None)
+    try:
+        return list(json.loads(base64.urlsafe_b64decode(encoded))) if encoded else []
+    except (binascii.Error, ValueError):
+        return []
+
+
+def rendezvous_problem(error, timeout_s, environ=os.environ, nodes=None):
+    """One line for a process group that did not form within timeout_s (--collective_timeout), or None: on the node
+    that hosts the store, which nodes did not join (torch: `DistStoreError: Timed out after 21 seconds waiting for
+    clients. 1/2 clients joined.`, a traceback); on another node, that the store did not answer. nodes: launch_nodes()."""
+    nodes = launch_nodes() if nodes is None else nodes
+    here = environ.get("CROSS_RANK", "0")  # DeepSpeed's launcher's node rank
+    store = f"MASTER_ADDR:MASTER_PORT {environ.get('MASTER_ADDR')}:{environ.get('MASTER_PORT')}"
+    joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
+    if joined:
+        others = [f"{host} (node {i})" for i, host in enumerate(nodes) if str(i) != here]
+        missing = ("; not joined: " + (others[0] if len(others) == 1 else "some of " + ", ".join(others))
+                   if others else "")
+        return (f"the process group did not form within {timeout_s:g} s (--collective_timeout): {joined[1]} of "
+                f"{joined[2]} ranks joined{missing}. Start every node's command (NODE_RANK=0, 1, ...), each able to "
+                f"reach {store}")
+    if isinstance(error, dist.DistNetworkError) and "timed out" in str(error):
+        master = f" on {nodes[0]} (node 0)" if nodes else ""
+        return (f"the process group's store{master} did not answer within {timeout_s:g} s (--collective_timeout) at "
+                f"{store}: start node 0's command too, and check that this node reaches that address")
+    return None
 
 
 def lost_a_rank(error):

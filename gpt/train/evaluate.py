@@ -15,26 +15,27 @@ def never():
 def validation_loss(model, val_set, device, progress=False, cut_short=never):
     """Mean loss over every sequence of the validation set, whatever the world size: each rank scores its
     share, and the sums of losses and of sequences are reduced over ranks. progress: a bar on stderr (rank 0).
-    cut_short: asked before each batch (a stop request); once true the rest is skipped and None returned (the
-    reduction still runs, once, as on every rank)."""
+    cut_short: asked before each batch (a stop request); once true the rest is skipped (the reduction still runs,
+    once, as on every rank), and every rank returns None: a rank cut short carries its flag into the reduction, so
+    a stop that reached one rank alone does not leave the others a loss over part of the set, taken for the whole."""
     from tqdm import tqdm
 
     was_training = model.training
     model.eval()
-    totals = torch.zeros(2, device=device)  # (sum of per-sequence losses, sequences); stays on device
+    # (sum of per-sequence losses, sequences, ranks cut short); stays on device
+    totals = torch.zeros(3, device=device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    stopped = False
     for x, y in tqdm(val_set.batches(), desc="val_loss", total=val_set.batch_count(),
                      disable=not (progress and rank == 0)):
-        stopped = cut_short()
-        if stopped:
+        if cut_short():
+            totals[2] = 1.0
             break
         _, loss = model(x.to(device), y.to(device))
-        totals += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
+        totals[:2] += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
     if dist.is_initialized():
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     model.train(was_training)
-    return None if stopped else (totals[0] / totals[1]).item()
+    return None if totals[2].item() > 0 else (totals[0] / totals[1]).item()
 
 
 @torch.no_grad()

@@ -71,7 +71,8 @@ def setup(settings):
     checkpoint to resume on another layout), and every rank joins the process group."""
     # the device asked for; the world size every plan below is made for, as the group will have it; the port its store
     # will listen on
-    exit_if([accelerator.accelerator_problem(), launch_problem(), ranks.store_port_problem()], 2)
+    exit_if([accelerator.accelerator_problem(), launch_problem(), ranks.master_port_problem(),
+             ranks.store_port_problem()], 2)
     world_size = launched_world_size()
     device_type = accelerator.device_type()
     if device_type == "cuda":

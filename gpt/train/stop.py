@@ -22,6 +22,8 @@ import time
 
 import psutil
 
+from gpt.console import importing
+
 LAUNCHER_MARKS = ("deepspeed.launcher.launch", "torch.distributed.run", "torchrun")
 DEEPSPEED_LAUNCH = "deepspeed.launcher.launch"
 DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
@@ -94,17 +96,6 @@ class StoppedDuringStartUp(SystemExit):
     build lock is released, its ninja killed)."""
 
 
-def importing(frame):
-    """Whether `frame`, or a frame it was called from, runs an import (importlib's bootstrap). A library may catch
-    everything around an import (bare except) and go on: a start-up stop raised there would be lost, and the module
-    it interrupted left half-made in another module's globals (numpy without np.intp, seen once in CI)."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
-            return True
-        frame = frame.f_back
-    return False
-
-
 class StopRequest:
     """Created first thing in a run. Until started(): a stop ends the rank now (StoppedDuringStartUp). After:
     SIGTERM/SIGINT, or a launcher gone, finishes the current step, saves, exits 0; any rank's request stops
@@ -116,6 +107,7 @@ class StopRequest:
         self.starting = True
         self._leaving = False
         self._first_signal_at = None  # in training
+        self._launchers_seen_at = float("-inf")  # when asked() last looked at them
         self.checkpoint_stands = False  # whether a complete checkpoint of this run exists: what a stop at once leaves
         self.launchers = launcher_processes()
         cut = cut_off_launch(self.launchers)
@@ -202,7 +194,7 @@ class StopRequest:
                 else:
                     self._signal_in_training(name, now)
             if not self.starting:
-                continue  # launchers are checked at each step (agreed)
+                continue  # launchers are checked at each step (agreed) and in evaluation (asked)
             if not self.requested:
                 self.check_launchers()
                 if self.requested:
@@ -258,6 +250,16 @@ class StopRequest:
             dead = next((p for p in self.launchers if gone(p)), None)
             if dead is not None:
                 self.requested = f"its launcher exiting (pid {dead.pid})"
+
+    def asked(self):
+        """Whether this rank was asked to stop: a signal, or a launcher gone (looked at every POLL_S at most). What an
+        evaluation or a sample asks between its batches or tokens, where the step's agreed() may be minutes away: a
+        runner killed alone (`docker stop` signals PID 1) leaves the launcher and the ranks running."""
+        now = time.monotonic()
+        if now - self._launchers_seen_at >= POLL_S:
+            self._launchers_seen_at = now
+            self.check_launchers()
+        return bool(self.requested)
 
     def agreed(self, device):
         """Whether any rank was asked to stop (a collective: every rank calls it once per step)."""

@@ -233,7 +233,7 @@ class Trainer:
             else:
                 self.step(step)
             profiler.step()
-            self.evaluate(step, last, cut_short=lambda: bool(stop.requested))
+            self.evaluate(step, last, cut_short=stop.asked)  # a signal, or a launcher gone
             stopping = stop.agreed(self.device)
             save_every = settings.checkpoint.save_every
             if last or stopping or (save_every and (step + 1) % save_every == 0):
@@ -265,24 +265,32 @@ class Trainer:
         validation loss, HellaSwag, a text sample (rank 0). cut_short: a stop request, which ends each early (the
         checkpoint is worth more than them, and a scheduler's grace period is short); what it cut is not logged."""
         evaluation = self.settings.evaluation  # this step's part of the settings
+        # a stop that reached another rank alone cuts this rank's validation too: what follows is skipped here as well
+        # (each evaluation still makes its one reduction on every rank)
+        cut = False
+
+        def stop_here():
+            return cut or cut_short()
         if evaluation.val_every and (step % evaluation.val_every == 0 or last):
             val = validation_loss(self.engine, self.val_set, self.device, cut_short=cut_short)
+            cut = val is None
             if val is not None:
                 self.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
         if self.hellaswag_examples and (step % evaluation.eval_every == 0 or last):
             scores = hellaswag.evaluate(self.engine, self.hellaswag_examples, self.device, self.model.config.block_size,
-                                        self.settings.data.micro_batch, progress=True, cut_short=cut_short)
+                                        self.settings.data.micro_batch, progress=True, cut_short=stop_here)
+            cut = cut or scores is None
             if scores is not None:
                 self.logger.log(step, {"hellaswag/acc_norm": scores["acc_norm"], "hellaswag/acc": scores["acc"]},
                                 console=f"step {step:5d} | hellaswag acc_norm {scores['acc_norm']:.4f} "
                                         f"acc {scores['acc']:.4f} ({scores['examples']} examples)")
         if evaluation.sample_every and (step % evaluation.sample_every == 0 or last) and self.engine.global_rank == 0:
             text = sample_text(self.model, evaluation.sample_tokens, self.settings.run.seed + self.engine.global_rank,
-                               self.device, cut_short=cut_short)  # its own generator: the training RNG untouched
+                               self.device, cut_short=stop_here)  # its own generator: the training RNG untouched
             if text is not None:
                 say(f"[rank {self.engine.global_rank}] sample at step {step}: {text!r}")
                 self.logger.text("samples", text, step)
-        if cut_short():
+        if stop_here():
             say0(f"step {step:5d} | evaluation skipped or cut short: stopping")
 
     def save(self, step):

@@ -7,6 +7,7 @@ or the lane run last, and are slow. The tests here import these helpers as `conf
 that is this file)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -66,6 +67,13 @@ def small_vocab_dir(shakespeare_dir, tmp_path_factory):
         for path in find_shards(shakespeare_dir, split):
             write_shard(out / path.name, new_id[np.asarray(load_shard(path))])
     return out
+
+
+def default_signals():
+    """preexec_fn for a child that a test signals: its stop signals at their defaults, whatever this process's own
+    (nohup ignores SIGHUP, a non-interactive shell's `cmd &` SIGINT)."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def plain_shell_env():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import train_ds
-from conftest import REPO, free_port, out_dir_of, plain_shell_env, two_rank_run
+from conftest import REPO, TINY, free_port, out_dir_of, plain_shell_env, two_rank_run
 from gpt.runtime import accelerator
 from train_ds import parse
 from gpt.console import BadInput
@@ -719,7 +719,7 @@ def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(small_vocab_d
 
 def test_unreadable_init_from_weights_are_one_line(small_vocab_dir, tmp_path):
     """--init_from's weights are read once, after launch: a damaged file is still one line and exit 1."""
-    from conftest import TINY, train
+    from conftest import train
     from gpt.model.model import PRESETS
     tiny = PRESETS["tiny"]
     hf_dir = tmp_path / "hf"
@@ -844,3 +844,23 @@ def test_a_master_port_in_use_is_one_line_and_exit_2_with_nothing_written(tmp_pa
         f"error: MASTER_PORT={port}: the process group's port is in use on this machine (another run, or another "
         f"program, holds it): launch with a free one, --master_port N (deepspeed, torchrun)")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_master_port_that_is_no_port_is_one_line_from_rank_0_and_exit_2_on_every_rank(tmp_path, small_vocab_dir,
+                                                                                        monkeypatch, capsys, rank):
+    """`deepspeed --master_port 296114`: rank 0 said so, rank 1 printed torch's `ValueError: port must have value from 0
+    to 65535` traceback. Each rank checks it before the rendezvous; rank 0 says it, the others exit 2 silently (after
+    SILENT_RANK_WAIT_S, here 0: the launcher ends them once rank 0 has)."""
+    from gpt import console
+    from gpt.train import start
+
+    monkeypatch.setattr(console, "SILENT_RANK_WAIT_S", 0.0)
+    for name, value in {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "296114"}.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exited:
+        start.setup(parse([*TINY, "--total_batch_tokens", "512", "--data", str(small_vocab_dir), "--out_dir", str(out)]))
+    said = "" if rank else "error: MASTER_PORT='296114': not a port number (1-65535)\n"
+    assert (exited.value.code, capsys.readouterr().err, out.exists()) == (2, said, False)

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from conftest import (REPO, TINY, free_port, out_dir_of, saved_tensors, succeeded, train, two_rank_run,
-                      write_ds_config)
+from conftest import (REPO, TINY, default_signals, free_port, out_dir_of, saved_tensors, succeeded, train,
+                      two_rank_run, write_ds_config)
 from gpt.train import checkpoint, resume, universal
 from gpt.console import BadInput
 
@@ -225,27 +225,39 @@ def test_a_run_started_under_nohup_trains_on_through_sighup(tmp_path, small_voca
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_during_a_long_sample_cuts_it_short_and_saves(tmp_path, shakespeare_dir, signum):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "runner"])
+def test_a_stop_during_a_long_sample_cuts_it_short_and_saves(tmp_path, shakespeare_dir, stop):
     """A SIGTERM while the trainer wrote a 1,500-token sample (d4) kept sampling for minutes before saving: a
     scheduler's grace period (Slurm's default: 30 s) would have killed it first. The signal is sent once step 0 is
     logged, when the sample of step 0 (4,096 tokens of d4 with GPT-2's vocabulary: a minute on a 2-core EPYC) begins;
-    the run saves step 0 and exits 0 without the sample (validation and HellaSwag are cut the same way)."""
-    cmd = [sys.executable, "train_ds.py", "--model", "d4", "--seq_len", "64", "--micro_batch", "2",
+    the run saves step 0 and exits 0 without the sample (validation and HellaSwag are cut the same way). runner: a
+    SIGTERM to the `deepspeed` runner alone (as `docker stop` signals a container's PID 1), which dies at once and
+    leaves its launcher and the rank running: the rank sampled on to the end before it looked at its launchers."""
+    cmd = ["train_ds.py", "--model", "d4", "--seq_len", "64", "--micro_batch", "2",
            "--total_batch_tokens", "128", "--max_steps", "50", "--val_every", "0", "--sample_every", "1",
            "--sample_tokens", "4096", "--save_every", "0", "--ds_config", "ds_configs/zero2_fp32.json",
            "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = ["deepspeed", "--num_gpus", "1", "--master_port", str(free_port())] if stop == "runner" else \
+        [sys.executable]
+    proc = subprocess.Popen([*launcher, *cmd], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=default_signals)
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step     0/"):
-            proc.send_signal(signum)
-            break
-    output = "".join(lines) + proc.stdout.read()
-    assert proc.wait(timeout=120) == 0, output[-3000:]
-    assert "step     0 | evaluation skipped or cut short: stopping" in output
-    assert f"stopped by {signum.name}: checkpoint saved, exiting" in output and "sample at step" not in output
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("step     0/"):
+                proc.send_signal(signal.SIGTERM if stop == "runner" else signal.Signals[stop])
+                break
+        output = "".join(lines) + proc.stdout.read()  # until every process holding the pipe (launch.py, the rank) exits
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=120) == (-signal.SIGTERM if stop == "runner" else 0), output[-3000:]
+    assert "step     0 | evaluation skipped or cut short: stopping" in output, output[-3000:]
+    stopped_by = "its launcher exiting" if stop == "runner" else stop
+    assert f"stopped by {stopped_by}" in output and "sample at step" not in output
+    assert "checkpoint saved, exiting" in output
     assert checkpoint.complete_tags(tmp_path / "checkpoints") == ["step_00000000"]
 
 

@@ -5,7 +5,8 @@ Slurm. Two nodes give one
 node's losses step for step; a SIGKILLed node makes the survivor exit with one line, and the relaunch
 continues from the last complete checkpoint, never from one left half-written; a SIGTERM to one launcher's
 PID saves and stops both nodes. Both drills share one run (each launch of two nodes costs ~15 s of start-up
-on 2 cores)."""
+on 2 cores). And launch/multinode.sh's own checks, each one line: a bad hostfile, a node that does not answer over
+ssh, a node that never starts."""
 import json
 import os
 import shutil
@@ -15,7 +16,8 @@ import time
 
 import pytest
 
-from conftest import GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, free_port, succeeded, train, two_rank_run
+from conftest import (GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, default_signals, free_port, succeeded, train,
+                      two_rank_run)
 from gpt.train import resume
 
 # GPT-2's vocabulary: steps long enough (~0.25 s) that the drills' signals land before the run's last step
@@ -196,6 +198,50 @@ def test_a_hostfile_missing_or_with_a_bad_line_is_one_line_from_the_callers_dire
     proc = launch()
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "error: HOSTFILE=nodes: not a readable file: list every "
                                                                    "node and its GPUs, one per line ('node1 slots=8')\n")
-    (tmp_path / "nodes").write_text("# two nodes\nnode1 slots=8\n\nnode2 slot=8\n")
+    for text, problem in [
+            ("# two nodes\nnode1 slots=8\n\nnode2 slot=8\n", "line 4, 'node2 slot=8', is not 'HOST slots=N'"),
+            # DeepSpeed: exit 0 without starting a rank; its ValueError tracebacks
+            ("node1 slots=8\nnode2 slots=0\n", "line 2, 'node2 slots=0': slots=0 starts no rank on node2 (1 or more GPUs)"),
+            ("node1 slots=8\nnode1 slots=8\n", "line 2: node1 is listed already, on line 1"),
+            ("", "lists no node: one line per node and its GPUs ('node1 slots=8')"),
+            ("# node1 slots=8\n\n", "lists no node: one line per node and its GPUs ('node1 slots=8')")]:
+        (tmp_path / "nodes").write_text(text)
+        proc = launch()
+        assert (proc.returncode, proc.stderr) == (2, f"error: HOSTFILE=nodes: {problem}\n")
+    (tmp_path / "nodes").write_text("localhost slots=2 # main\n")  # as DeepSpeed reads it: one node, a comment
+    env["NODE_RANK"] = "1"  # read as that one node: refused here, before anything starts
     proc = launch()
-    assert (proc.returncode, proc.stderr) == (2, "error: HOSTFILE=nodes: line 4, 'node2 slot=8', is not 'HOST slots=N'\n")
+    assert (proc.returncode, proc.stderr) == (2, "error: NODE_RANK=1: not a node of HOSTFILE=nodes (0 to 0, its lines in "
+                                                 "order)\n")
+
+
+def test_over_ssh_a_node_that_does_not_answer_is_one_line_within_ssh_timeout(tmp_path):
+    """DeepSpeed's check asks the first node alone, with no time limit: a hostfile naming an unreachable address said
+    nothing for 75 s and more. Each node is asked within SSH_TIMEOUT. Here an ssh that never answers for node2 (as an
+    address that drops packets), whatever this machine's ssh and network."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/sh\ncase "$*" in *node2*) exec sleep 600;; esac\n')
+    (bin_dir / "ssh").chmod(0o755)
+    (tmp_path / "nodes").write_text("node1 slots=1\nnode2 slots=1\n")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu",
+           "HOSTFILE": "nodes", "SSH_TIMEOUT": "2"}
+    proc = subprocess.run(["bash", str(REPO / "launch" / "multinode.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", (
+        "error: HOSTFILE=nodes: node node2 is not reachable over ssh (no answer within 2 s, SSH_TIMEOUT): every node "
+        "needs passwordless ssh from this one; or start one command per node with NODE_RANK (docs/multinode.md)\n"))
+
+
+def test_a_node_that_never_starts_is_named_in_one_line_after_the_collective_timeout(tmp_path, small_vocab_dir):
+    """NODE_RANK=0 started alone, node1 never: torch's `DistStoreError: Timed out after 21 seconds waiting for clients.
+    1/2 clients joined.` was a traceback. One line now, naming the node that did not join."""
+    port = free_port()
+    env = node_env(tmp_path, small_vocab_dir, port, 0)
+    proc = subprocess.run(["bash", "launch/multinode.sh", *ARGS, "--collective_timeout", "10"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, preexec_fn=default_signals)
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: the process group did not form within 10 s (--collective_timeout): 1 of 2 ranks joined; not joined: "
+        f"node1 (node 1). Start every node's command (NODE_RANK=0, 1, ...), each able to reach MASTER_ADDR:MASTER_PORT "
+        f"127.0.0.1:{port}"], proc.stderr[-3000:]

@@ -55,8 +55,21 @@ def test_the_store_hosts_port_is_checked_before_anything_is_written(monkeypatch)
         assert ranks.store_port_problem(environ) is None
     monkeypatch.setattr(ranks.dist, "is_initialized", lambda: False)
     assert ranks.store_port_problem(environ) is None  # released
-    assert ranks.store_port_problem({**environ, "MASTER_PORT": "70000"}) == \
-        "MASTER_PORT='70000': not a port number (1-65535)"
+    assert ranks.store_port_problem({**environ, "MASTER_PORT": "70000"}) is None  # master_port_problem's to say
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_master_port_that_is_no_port_is_one_line_on_every_rank(rank):
+    """deepspeed --master_port 296114: rank 0 said so in one line, rank 1 printed torch's `ValueError: port must have
+    value from 0 to 65535` traceback. Every rank asks now (exit_with lets rank 0 alone say it)."""
+    from gpt.runtime import ranks
+
+    environ = {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    assert ranks.master_port_problem({**environ, "MASTER_PORT": "296114"}) == \
+        "MASTER_PORT='296114': not a port number (1-65535)"
+    assert ranks.master_port_problem({**environ, "MASTER_PORT": "0"}) == "MASTER_PORT='0': not a port number (1-65535)"
+    assert ranks.master_port_problem({**environ, "MASTER_PORT": "29500"}) is None
+    assert ranks.master_port_problem(environ) is None  # no launcher's port: a plain `python` run picks its own
 
 
 @pytest.mark.parametrize("rank, hard, waited", [(0, False, []), (1, False, [5.0]), (1, True, [])])
@@ -76,3 +89,28 @@ def test_a_rank_that_leaves_the_saying_to_rank_0_waits_for_it(monkeypatch, capsy
         console.exit_with("--out_dir x holds an earlier run", 2, hard=hard)
     assert exit_info.value.code == 2 and slept == waited
     assert capsys.readouterr().err == ("error: --out_dir x holds an earlier run\n" if rank == 0 else "")
+
+
+def test_a_process_group_that_did_not_form_names_the_nodes_that_did_not_join():
+    """torch's `DistStoreError: Timed out after 21 seconds waiting for clients. 1/2 clients joined.` on node 0 (the
+    store's), and its connect timeout on a node whose store never came: one line each, naming the nodes (DeepSpeed's
+    launcher's --world_info, in node-rank order; CROSS_RANK is this node's)."""
+    import torch.distributed as dist
+
+    from gpt.runtime import ranks
+
+    environ = {"CROSS_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    store = dist.DistStoreError("Timed out after 21 seconds waiting for clients. 1/2 clients joined.")
+    assert ranks.rendezvous_problem(store, 20.0, environ, nodes=["a", "b"]) == (
+        "the process group did not form within 20 s (--collective_timeout): 1 of 2 ranks joined; not joined: b (node 1). "
+        "Start every node's command (NODE_RANK=0, 1, ...), each able to reach MASTER_ADDR:MASTER_PORT 10.0.0.1:29500")
+    three = dist.DistStoreError("Timed out after 21 seconds waiting for clients. 2/3 clients joined.")
+    assert "2 of 3 ranks joined; not joined: some of b (node 1), c (node 2). " in ranks.rendezvous_problem(
+        three, 20.0, environ, nodes=["a", "b", "c"])
+    connect = dist.DistNetworkError("The client socket has timed out after 20000ms while trying to connect to "
+                                    "(10.0.0.1, 29500).")
+    assert ranks.rendezvous_problem(connect, 20.0, {**environ, "CROSS_RANK": "1"}, nodes=["a", "b"]) == (
+        "the process group's store on a (node 0) did not answer within 20 s (--collective_timeout) at "
+        "MASTER_ADDR:MASTER_PORT 10.0.0.1:29500: start node 0's command too, and check that this node reaches that "
+        "address")
+    assert ranks.rendezvous_problem(dist.DistNetworkError("Connection reset by peer"), 20.0, environ, nodes=[]) is None

@@ -7,6 +7,7 @@ import sys
 import tempfile
 
 import pytest
+import torch
 
 from gpt.runtime import host
 from gpt.train import stop
@@ -237,3 +238,80 @@ def test_a_stop_while_the_host_module_is_half_imported_still_exits_at_once(monke
         assert capfd.readouterr().err == "error: stopped\n"
     finally:
         request.close()
+
+
+class Scores(torch.nn.Module):
+    """A 'model' whose loss is the batch's first input token: a validation set's mean loss is known by arithmetic."""
+
+    def forward(self, x, y):
+        return None, x[:, 0].float().mean()
+
+
+class Batches:
+    def __init__(self, values):
+        self.values = values
+
+    def batches(self):
+        return ((torch.tensor([[v]]), torch.tensor([[v]])) for v in self.values)
+
+    def batch_count(self):
+        return len(self.values)
+
+
+def as_rank_0_of_2(monkeypatch, other_rank):
+    """torch.distributed as rank 0 of 2 sees it: the reduction adds other_rank's tensor (what rank 1 contributed)."""
+    def all_reduce(tensor, op=None):
+        tensor += torch.as_tensor(other_rank, dtype=tensor.dtype)
+    for name, value in (("is_initialized", lambda: True), ("get_rank", lambda: 0), ("get_world_size", lambda: 2),
+                        ("all_reduce", all_reduce)):
+        monkeypatch.setattr(torch.distributed, name, value)
+
+
+def test_a_validation_cut_short_on_another_rank_alone_is_logged_on_none(monkeypatch):
+    """SIGTERM to rank 1 alone mid-validation: rank 0 scored its share whole and logged a loss over part of the set as
+    if whole (9.9300 where the whole set's was 9.9370). Rank 1's flag (the third sum) makes every rank's answer None;
+    without a cut the mean is the whole set's. HellaSwag's counts the same way (their fourth sum)."""
+    from gpt.data import hellaswag
+    from gpt.train.evaluate import validation_loss
+
+    rank_1_whole, rank_1_cut = [4.0 + 6.0, 2.0, 0.0], [4.0, 1.0, 1.0]  # (sum of losses, sequences, ranks cut)
+    as_rank_0_of_2(monkeypatch, rank_1_whole)
+    assert validation_loss(Scores(), Batches([1.0, 3.0]), torch.device("cpu")) == (1 + 3 + 4 + 6) / 4
+    as_rank_0_of_2(monkeypatch, rank_1_cut)
+    assert validation_loss(Scores(), Batches([1.0, 3.0]), torch.device("cpu")) is None
+    monkeypatch.setattr(hellaswag, "example_losses", lambda model, group, device, block_size: (
+        torch.zeros(len(group), 4), torch.zeros(len(group), 4)))  # every example's answer: ending 0
+    examples = [hellaswag.Example(context=[1], endings=[[2]] * 4, label=0)] * 4
+    as_rank_0_of_2(monkeypatch, [2.0, 2.0, 2.0, 0.0])
+    assert hellaswag.evaluate(Scores(), examples, torch.device("cpu"), 8) == {"acc": 1.0, "acc_norm": 1.0,
+                                                                              "examples": 4}
+    as_rank_0_of_2(monkeypatch, [0.0, 0.0, 0.0, 1.0])
+    assert hellaswag.evaluate(Scores(), examples, torch.device("cpu"), 8) is None
+
+
+def test_evaluation_asks_for_a_stop_that_a_launcher_gone_is(monkeypatch):
+    """asked(), what validation, HellaSwag and a sample ask between batches and tokens: a launcher gone is a stop there
+    too (the runner killed alone during a 4,096-token sample: the rank sampled on, no checkpoint in 180 s)."""
+    request = stop.StopRequest()
+    try:
+        request.started()
+        assert request.asked() is False
+        runner = FakeProcess(4242, RUNNER)
+        runner.is_running = lambda: False
+        request.launchers, request._launchers_seen_at = [runner], float("-inf")
+        assert request.asked() is True and request.requested == "its launcher exiting (pid 4242)"
+    finally:
+        request.close()
+
+
+@pytest.mark.parametrize("argv, tool", [
+    (["/usr/bin/python3", "/venv/bin/gpt-sample", "--prompt", "x"], True),  # a console script, as its #! runs it
+    (["python", "-m", "gpt.commands.export", "ckpt"], True), (["python", "-u", "-m", "gpt.commands.plan"], True),
+    (["python", "train_ds.py", "--model", "tiny"], False), (["python", "-m", "pytest", "tests/unit"], False),
+    (["python", "bench/data.py"], False), (["python", "-c", "import gpt.commands.prepare"], False)])
+def test_the_ctrl_c_of_a_tools_imports_is_set_in_a_tools_process_alone(argv, tool):
+    """ctrl_c_in_imports_is_one_line is installed by gpt/commands/__init__.py only where the process is a console tool:
+    not in the trainer's ranks (their StopRequest handles signals), a test run or a script that imports a tool's main."""
+    from gpt.console import run_as_a_console_tool
+
+    assert run_as_a_console_tool(argv) is tool
