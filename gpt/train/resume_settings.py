@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt.config.ds_config import parsed
-from gpt.train import checkpoint, universal
+from gpt.train import checkpoint, muon, universal
 from gpt.train.engine import settle_adam_state
 
 # Param-group entries that are not settings: the tensors, the schedule's (lr, LambdaLR's initial_lr: the schedule's
@@ -84,7 +84,7 @@ def reapply(engine, built, saved_ds_config=None):
     unknown. Returns one line per setting changed."""
     notes = [f"{name} {value} applied (the checkpoint's run had {had})"
              for name, (value, had) in group_changes(engine, built.groups).items()]
-    notes += amsgrad_maximum(engine.basic_optimizer)
+    notes += amsgrad_maximum(engine.basic_optimizer) + muon.muon_lr_change(engine)
     optimizer = engine.optimizer
     if hasattr(optimizer, "clip_grad") and optimizer.clip_grad != engine.gradient_clipping():
         notes.append(f"gradient_clipping {engine.gradient_clipping()} applied (the checkpoint's run had "
