@@ -9,6 +9,7 @@ import collections
 import json
 import re
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +119,22 @@ def hparams_of(run_config, grad_accum, loss_label):
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
 
 
+def quiet_writer_thread_errors():
+    """TensorBoard's writer thread re-raises what stopped it (its events file's directory removed, a full disk), which
+    threading prints as a traceback; the writer hands the same error to the next write from the main thread, whose
+    handler says it in one line (gpt/train/trainer.py). Installed once per process."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args):
+        if not isinstance(args.thread, _AsyncWriterThread):
+            previous(args)
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
+
+
 class MetricsLogger:
     """Rank 0 writes; other ranks hold a logger that does nothing, so call sites need no rank checks."""
 
@@ -132,6 +149,7 @@ class MetricsLogger:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.tag = tag_function_of(events_dir(out_dir))  # before this launch's events file exists
+        quiet_writer_thread_errors()
         self.writer = SummaryWriter(log_dir=str(events_dir(out_dir)))
         self.writer.add_custom_scalars(layout(self.tag))
         self.session_end = None

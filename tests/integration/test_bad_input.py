@@ -511,6 +511,14 @@ TRAIN_CASES = [
         "--ds_config", ds_json(t, csv_monitor={"enabled": True, "output_path": str(t / "link")})],
      "error: {path}: csv_monitor.output_path {tmp}/link/DeepSpeedJobName: {tmp}/link is a symbolic link to {tmp}/gone, "
      "which does not exist"),
+    # a component longer than file systems take, in the monitor's output_path or its job_name: OSError: File name too
+    # long from the check itself, or nothing said when it lies below a directory not made yet
+    (lambda t: ["--ds_config", ds_json(t, tensorboard={"enabled": True, "output_path": "x" * 300, "job_name": "j"})],
+     "error: {path}: tensorboard.output_path " + "x" * 150 + "..." + "x" * 17 + "/j: (303 characters) a path component of "
+     "300 bytes, longer than file systems take (255)"),
+    (lambda t: ["--ds_config", ds_json(t, csv_monitor={"enabled": True, "output_path": "csv", "job_name": "y" * 300})],
+     "error: {path}: csv_monitor.output_path csv/" + "y" * 146 + "..." + "y" * 19 + ": (305 characters) a path "
+     "component of 300 bytes, longer than file systems take (255)"),
     (lambda t: ["--ds_config", ds_json(t, flops_profiler={"enabled": True, "profile_step": 1,
                                                           "output_file": "/dev/null/x.txt"})],
      "error: {path}: flops_profiler.output_file /dev/null/x.txt: /dev/null is a file, not a directory"),
