@@ -193,10 +193,10 @@ class MetricsLogger:
         """Before this launch's first step: metrics.jsonl keeps one record per step, one JSON object a line. A killed
         run logged the steps after its last checkpoint, which a resume takes again: their records are dropped, and
         a last line the kill cut off (appended to, two records would make one line that does not parse). Said in
-        one line when anything is dropped."""
+        one line when anything is dropped. TensorBoard's events of those steps: purged (open_events)."""
         if not self.enabled:
             return
-        self.open_events(purge_step=step or None)
+        self.open_events(purge_step=step)  # 0 too: a killed launch that saved nothing logged steps from 0
         path = Path(self.jsonl.name)
         self.jsonl.close()
         lines = path.read_text(errors="replace").split("\n")
