@@ -149,6 +149,11 @@ class Parser(argparse.ArgumentParser):
 NAME_MAX = 255  # bytes: the longest path component Linux's file systems take
 
 
+def longest_component(path):
+    """The bytes of path's longest component."""
+    return max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
+
+
 def out_dir_problem(flag, out_dir):
     """Why `out_dir` cannot be made or written (empty, a component too long, a path the system cannot look at, a file,
     or a file, a dangling symbolic link or an unwritable directory in its way), or None. Give it the flag's string:
@@ -156,7 +161,7 @@ def out_dir_problem(flag, out_dir):
     if not str(out_dir).strip():
         return f"{flag} is empty: name a directory"
     out_dir = Path(out_dir)
-    longest = max(len(os.fsencode(part)) for part in out_dir.parts)
+    longest = longest_component(out_dir)
     if longest > NAME_MAX:  # a DeepSpeed JSON's paths (a monitor's) are not parsed by path_arg; below a directory
         # that does not exist yet no look at the path says so, and the mkdir in the run fails
         return f"{flag} {out_dir}: a path component of {longest} bytes, longer than file systems take ({NAME_MAX})"

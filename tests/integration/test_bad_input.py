@@ -517,7 +517,7 @@ TRAIN_CASES = [
      "error: {path}: tensorboard.output_path " + "x" * 150 + "..." + "x" * 17 + "/j: (303 characters) a path component of "
      "300 bytes, longer than file systems take (255)"),
     (lambda t: ["--ds_config", ds_json(t, csv_monitor={"enabled": True, "output_path": "csv", "job_name": "y" * 300})],
-     "error: {path}: csv_monitor.output_path csv/" + "y" * 146 + "..." + "y" * 19 + ": (305 characters) a path "
+     "error: {path}: csv_monitor.job_name csv/" + "y" * 146 + "..." + "y" * 19 + ": (305 characters) a path "
      "component of 300 bytes, longer than file systems take (255)"),
     (lambda t: ["--ds_config", ds_json(t, flops_profiler={"enabled": True, "profile_step": 1,
                                                           "output_file": "/dev/null/x.txt"})],
