@@ -192,14 +192,30 @@ class Parser(argparse.ArgumentParser):
         exit_with(message, self.error_status)
 
 
+NAME_MAX = 255  # bytes: the longest path component Linux's file systems take
+
+
+def longest_component(path):
+    """The bytes of path's longest component."""
+    return max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
+
+
 def out_dir_problem(flag, out_dir):
-    """Why `out_dir` cannot be made or written (empty, a file, or a file, a dangling symbolic link or an unwritable
-    directory in its way), or None. Give it the flag's string: Path("") would be the working directory."""
+    """Why `out_dir` cannot be made or written (empty, a component too long, a path the system cannot look at, a file,
+    or a file, a dangling symbolic link or an unwritable directory in its way), or None. Give it the flag's string:
+    Path("") would be the working directory."""
     if not str(out_dir).strip():
         return f"{flag} is empty: name a directory"
     out_dir = Path(out_dir)
-    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
-    dangling = next((p for p in (out_dir, *out_dir.absolute().parents) if p.is_symlink() and not p.exists()), None)
+    longest = longest_component(out_dir)
+    if longest > NAME_MAX:  # a DeepSpeed JSON's paths (a monitor's) are not parsed by path_arg; below a directory
+        # that does not exist yet no look at the path says so, and the mkdir in the run fails
+        return f"{flag} {out_dir}: a path component of {longest} bytes, longer than file systems take ({NAME_MAX})"
+    try:
+        existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+        dangling = next((p for p in (out_dir, *out_dir.absolute().parents) if p.is_symlink() and not p.exists()), None)
+    except OSError as e:  # a path over PATH_MAX, a directory without search permission: every look at it fails
+        return f"{flag} {out_dir}: cannot be looked at ({e.strerror})"
     if dangling is not None:  # mkdir would fail on it with a FileExistsError
         return f"{flag} {out_dir}" + ("" if dangling == out_dir else f": {dangling}") + \
             f" is a symbolic link to {os.readlink(dangling)}, which does not exist"
@@ -328,6 +344,7 @@ def megabytes(size):
 def write_problem(path, error):
     """'PATH: no space left on the device (...)' or 'PATH: not writable (...)' when writing under path failed
     because of its disk; None when the disk is not why (the error is then a bug to show whole)."""
+    path = os.fsdecode(path)  # TensorBoard's writer names its events file in bytes
     code = getattr(error, "errno", None)
     try:
         free = free_bytes(path)
@@ -351,5 +368,6 @@ def space_problem(flag, path, needed, what):
 def os_error_line(error, default_path):
     """One line for an OSError while writing: write_problem's where the disk is why, else the file and the system's
     words (`[Errno 21] Is a directory: 'a' -> 'b'` names no file first, as the project's lines do)."""
-    path = error.filename2 or error.filename or default_path  # os.replace(tmp, target): the target is the user's
+    path = os.fsdecode(error.filename2 or error.filename or default_path)  # os.replace(tmp, target): the target is
+    # the user's; bytes where the writer named the file in bytes (TensorBoard's events file)
     return write_problem(path, error) or f"{path}: {error.strerror or error}"

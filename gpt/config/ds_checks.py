@@ -14,7 +14,7 @@ from gpt.config import muon_checks
 from gpt.config.ds_config import (bf16_section, deepspeed_config, dtype_name, grad_accum_dtype, load, parsed, precision,
                                   zero_stage)
 from gpt.config.engine_checks import engine_problems
-from gpt.console import BadInput, out_dir_problem, out_file_problem
+from gpt.console import NAME_MAX, BadInput, longest_component, out_dir_problem, out_file_problem
 
 
 # Top-level keys DeepSpeed 0.19 reads (its runtime constants, and the sections with a parser of their own);
@@ -381,7 +381,8 @@ def output_problems(ds_config, path):
             found.append(f"{path}: {name}.enabled needs the {package} package, which is not installed "
                          f"(pip install {package}, or disable it)")
         if hasattr(monitor, "output_path"):  # DeepSpeed writes into output_path/job_name
-            found += [p for p in [out_dir_problem(f"{path}: {name}.output_path",
+            key = "job_name" if longest_component(monitor.job_name) > NAME_MAX else "output_path"
+            found += [p for p in [out_dir_problem(f"{path}: {name}.{key}",
                                                   os.path.join(monitor.output_path, monitor.job_name))] if p]
     profiler = parsed_config.flops_profiler_config
     if profiler.enabled and profiler.output_file:

@@ -11,7 +11,6 @@ tokenizer processes into one shard-sized buffer. Each shard is renamed into plac
 a progress file lets a re-run skip the shards already written. Local files are read through once first, so
 that a missing, empty or malformed file (or record) is an error before anything is written."""
 import contextlib
-import fcntl
 import glob
 import gzip
 import hashlib
@@ -31,7 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt.console import JSON_TYPES, BadInput, download_cache, json_line, out_dir_problem, regular_file_problem
-from gpt.data.shard_writer import ShardWriter
+from gpt.runtime import lock_file
+from gpt.data.shard_writer import ShardWriter, saved_progress, unaccounted_shards
 from gpt.data.shards import HEADER_BYTES
 from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
 
@@ -287,7 +287,8 @@ def val_documents_in(corpus, writer, lengths, val_tokens):
 def check_no_other_corpus(out_dir, name):
     """Training reads every *_train_* and *_val_* shard of a directory: refuse to write a corpus beside
     another one's shards, which would silently join its training or validation split; and refuse to write over
-    shards of this name that no preparation of ours recorded (no NAME_prepare.json): llm.c's, or another tool's."""
+    shards of this name that no preparation of ours recorded (no NAME_prepare.json, or one that does not list them):
+    llm.c's, or another tool's."""
     own = re.compile(rf"{re.escape(name)}_(train|val)_\d{{6}}")
     shards = sorted(p.name for p in out_dir.glob("*_*_*") if p.suffix in (".bin", ".npy")
                     and re.fullmatch(r".+_(train|val)_\d+", p.stem))
@@ -296,9 +297,15 @@ def check_no_other_corpus(out_dir, name):
         raise BadInput(f"{out_dir} already holds shards of another corpus ({listed(foreign)}): a training run would "
                        f"read both; use another --out_dir")
     files = [shard for shard in shards if (out_dir / shard).is_file()]
-    if files and not (out_dir / f"{name}_prepare.json").exists():
+    progress = out_dir / f"{name}_prepare.json"
+    if files and not progress.exists():
         raise BadInput(f"{out_dir} holds shards that gpt-prepare did not write ({listed(files)}; no "
                        f"{name}_prepare.json): they would be overwritten; use another --out_dir, or move them away")
+    unlisted = unaccounted_shards(progress, name, files) if files else []
+    if unlisted:
+        raise BadInput(f"{out_dir} holds shards that gpt-prepare did not write ({listed(unlisted)}; not in "
+                       f"{name}_prepare.json): they would be overwritten, or trained on with this corpus; use another "
+                       f"--out_dir, or move them away")
 
 
 def listed(names, at_most=3):
@@ -306,23 +313,26 @@ def listed(names, at_most=3):
     return ", ".join(names[:at_most]) + (f" and {len(names) - at_most} more" if len(names) > at_most else "")
 
 
+PREPARE_LOCK = "prepare.lock"
+
+
 @contextlib.contextmanager
 def only_preparation(out_dir):
-    """One gpt-prepare per --out_dir at a time: an exclusive flock on the directory itself, which the kernel drops
-    however the process ends (as the trainer's run.lock). Two at once, of different corpora, both reported their
-    token counts, and the directory held one corpus. A directory made here and left empty is removed again."""
+    """One gpt-prepare per --out_dir at a time: an exclusive flock on OUT_DIR/prepare.lock (gpt/runtime/lock_file.py,
+    as the trainer's run.lock), removed when the preparation ends. Two at once, of different corpora, both reported
+    their token counts, and the directory held one corpus. A directory made here and left empty is removed again."""
     made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(out_dir, os.O_RDONLY)
+    path = out_dir / PREPARE_LOCK
     try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BadInput(f"--out_dir {out_dir}: another gpt-prepare is writing there; wait for it to end, or use "
-                           f"another --out_dir") from None
+        lock = lock_file.acquire(path, "gpt-prepare's lock file",
+                                 f"a second gpt-prepare into --out_dir {out_dir} would not be stopped")
+    except lock_file.Held:
+        raise BadInput(f"--out_dir {out_dir}: another gpt-prepare is writing there: {lock_file.holder(path)}; wait "
+                       f"for it to end, or use another --out_dir") from None
+    try:
         yield
     finally:
-        os.close(descriptor)
+        lock_file.release(lock, remove=True)
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
 
@@ -339,6 +349,7 @@ def prepare(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings):
     """Write the shards; returns {'val': tokens, 'train': tokens} over all shards of out_dir."""
     out_dir = Path(out_dir)
     check_out_dir(out_dir, name)
+    saved_progress(out_dir / f"{name}_prepare.json", settings)  # refused before the lock file is made: nothing changes
     with only_preparation(out_dir):
         check_no_other_corpus(out_dir, name)  # again, now that no other preparation writes there
         return write_shards(corpus, out_dir, name, shard_tokens, val_tokens, workers, settings)

@@ -43,6 +43,30 @@ def read_progress(path):
     return progress
 
 
+def saved_progress(path, settings):
+    """The progress file at path, if there is one, of a preparation with these settings; a BadInput if it is damaged
+    or the settings differ."""
+    if not path.exists():
+        return None
+    saved = read_progress(path)
+    if saved["settings"] != settings:
+        raise BadInput(f"{path}: {path.parent} was prepared with other settings {saved['settings']}; use another "
+                       f"--out_dir or delete it")
+    return saved
+
+
+def unaccounted_shards(progress_path, name, shards):
+    """Which of `shards` (file names of this name's shards) the progress file does not list: gpt-prepare did not write
+    them. Except the next shard an unfinished preparation writes: it may have been written by one killed before it
+    recorded it, and is written again."""
+    progress = read_progress(progress_path)
+    accounted = set(progress["shards"])
+    if not progress["complete"]:
+        index = len(progress["shards"])
+        accounted.add(shard_name(name, "val" if index == 0 else "train", index))
+    return [shard for shard in shards if shard not in accounted]
+
+
 class ShardWriter:
     """Fills shard-sized buffers from a stream of documents and records, after every completed shard,
     how far into the document stream it got, so that an interrupted run resumes without redoing shards."""
@@ -50,13 +74,8 @@ class ShardWriter:
     def __init__(self, out_dir, name, shard_tokens, settings):
         self.out_dir, self.name, self.shard_tokens = Path(out_dir), name, shard_tokens
         self.progress_path = self.out_dir / f"{name}_prepare.json"
-        self.progress = {"settings": settings, "shards": [], "documents": 0, "carry": 0, "complete": False}
-        if self.progress_path.exists():
-            saved = read_progress(self.progress_path)
-            if saved["settings"] != settings:
-                raise BadInput(f"{self.progress_path}: {out_dir} was prepared with other settings "
-                               f"{saved['settings']}; use another --out_dir or delete it")
-            self.progress = saved
+        self.progress = saved_progress(self.progress_path, settings) or {
+            "settings": settings, "shards": [], "documents": 0, "carry": 0, "complete": False}
         self.buffer = np.empty(shard_tokens, dtype=np.uint16)
         self.fill = 0
         self.documents = self.progress["documents"]  # documents wholly in written shards or the buffer

@@ -4,11 +4,13 @@ layout that groups the scalars.
 
 Events go to OUT_DIR/tensorboard/NAME, NAME being out_dir's own name, so that TensorBoard names the run NAME
 (`--logdir OUT_DIR/tensorboard`), tensorboard/NAME (`--logdir OUT_DIR`) or .../NAME/tensorboard/NAME
-(`--logdir runs/`) instead of "."; a resumed run appends a new events file there."""
+(`--logdir runs/`) instead of "."; a resumed run appends a new events file there, which purges (in TensorBoard's
+readers) the steps the earlier launch logged from the resumed step on."""
 import collections
 import json
 import re
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +124,22 @@ def hparams_of(run_config, grad_accum, loss_label):
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
 
 
+def quiet_writer_thread_errors():
+    """TensorBoard's writer thread re-raises what stopped it (its events file's directory removed, a full disk), which
+    threading prints as a traceback; the writer hands the same error to the next write from the main thread, whose
+    handler says it in one line (gpt/train/trainer.py). Installed once per process."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args):
+        if not isinstance(args.thread, _AsyncWriterThread):
+            previous(args)
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
+
+
 class MetricsLogger:
     """Rank 0 writes; other ranks hold a logger that does nothing, so call sites need no rank checks."""
 
@@ -131,23 +149,35 @@ class MetricsLogger:
         self.enabled = enabled
         if not enabled:
             return
-        from torch.utils.tensorboard import SummaryWriter  # imported here: only rank 0 needs it
-        from torch.utils.tensorboard.summary import hparams as hparams_summaries
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir, self.hparams, self.writer, self.session_end = out_dir, hparams, None, None
         self.tag = tag_function_of(events_dir(out_dir))  # before this launch's events file exists
-        self.writer = SummaryWriter(log_dir=str(events_dir(out_dir)))
+        self.settings = settings  # written at this launch's first step (a resumed launch's may differ)
+        self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
+
+    def open_events(self, purge_step=None):
+        """This launch's events file, made at the first step (continue_from) or the first write. purge_step: the
+        step a resumed launch starts from; TensorBoard's readers drop the events of that step and later that the
+        earlier launch logged (a killed run's steps after its checkpoint), which this launch logs again."""
+        from torch.utils.tensorboard import SummaryWriter  # imported here: only rank 0 needs it
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+        quiet_writer_thread_errors()
+        self.writer = SummaryWriter(log_dir=str(events_dir(self.out_dir)), purge_step=purge_step)
         self.writer.add_custom_scalars(layout(self.tag))
-        self.session_end = None
-        if hparams is not None:
+        if self.hparams is not None:
             # Into this run's own events (SummaryWriter.add_hparams would make a sub-run). TensorBoard keeps the
             # first of each: a resumed run's repeat is ignored, and the session ends at the first finished run.
             experiment, session_start, self.session_end = hparams_summaries(
-                hparams, dict.fromkeys(self.tag(name) for name in HPARAM_METRICS))
+                self.hparams, dict.fromkeys(self.tag(name) for name in HPARAM_METRICS))
             self.writer.file_writer.add_summary(experiment)
             self.writer.file_writer.add_summary(session_start)
-        self.settings = settings  # written at this launch's first step (a resumed launch's may differ)
-        self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
+
+    @property
+    def events(self):
+        if self.writer is None:
+            self.open_events()
+        return self.writer
 
     def log(self, step, metrics, console=None):
         """metrics: name -> number, each a key of one JSON line and a TensorBoard scalar (its tag: TAGS);
@@ -158,7 +188,7 @@ class MetricsLogger:
             self.text("settings", json.dumps(self.settings, indent=1, default=str), step)
             self.settings = None
         for name, value in metrics.items():
-            self.writer.add_scalar(self.tag(name), value, step)
+            self.events.add_scalar(self.tag(name), value, step)
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         if console:
             say(console)
@@ -167,9 +197,10 @@ class MetricsLogger:
         """Before this launch's first step: metrics.jsonl keeps one record per step, one JSON object a line. A killed
         run logged the steps after its last checkpoint, which a resume takes again: their records are dropped, and
         a last line the kill cut off (appended to, two records would make one line that does not parse). Said in
-        one line when anything is dropped."""
+        one line when anything is dropped. TensorBoard's events of those steps: purged (open_events)."""
         if not self.enabled:
             return
+        self.open_events(purge_step=step)  # 0 too: a killed launch that saved nothing logged steps from 0
         path = Path(self.jsonl.name)
         self.jsonl.close()
         lines = path.read_text(errors="replace").split("\n")
@@ -196,14 +227,15 @@ class MetricsLogger:
     def text(self, tag, text, step):
         """A TensorBoard text summary, verbatim: TensorBoard renders Markdown, so it goes in as a code block."""
         if self.enabled:
-            self.writer.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+            self.events.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
 
     def close(self, finished=False):
         """finished: the run reached --max_steps (the hparams session ends, successfully)."""
         if self.enabled:
             if finished and self.session_end is not None:
-                self.writer.file_writer.add_summary(self.session_end)
-            self.writer.close()
+                self.events.file_writer.add_summary(self.session_end)
+            if self.writer is not None:
+                self.writer.close()
             self.jsonl.close()
 
 

@@ -14,6 +14,7 @@ from gpt.train.metrics import TENSORBOARD_DIR
 # TensorBoard events (events.out.tfevents.*, a new name per run) go into tensorboard/<out_dir's name>/.
 RUN_FILES = (("run.lock", "the run's lock file"), ("metrics.jsonl", "the run's metrics log"),
              (f"{CHECKPOINTS}/{LATEST}", "the name of the newest checkpoint"))
+RUN_MARKERS = {"run.lock", "metrics.jsonl"}  # the first files a run writes: a run that has not saved yet is one
 RUN_DIRS = ((CHECKPOINTS, "where the run saves its checkpoints"),
             (TENSORBOARD_DIR, "where the run writes its TensorBoard events"))
 
@@ -39,7 +40,7 @@ def check_writable(out_dir, data_dir=None):
     writable directory: a read-only checkpoints/ would fail only at the first save), nothing is in the way of
     the files the run writes there (run_path_problems), --out_dir is not --data (the run's files would land among
     the shards), and it is neither a run's checkpoints/ directory or one of its checkpoints (the run would mix
-    its files into them) nor anywhere inside them (that run's pruning would delete this one's)."""
+    its files into them) nor anywhere inside them (that run's pruning would delete this one's): check_not_nested."""
     problem = out_dir_problem("--out_dir", out_dir)
     if problem:
         raise BadInput(problem)
@@ -49,26 +50,55 @@ def check_writable(out_dir, data_dir=None):
     problems = run_path_problems(out_dir)
     if problems:
         raise BadInput("\n".join(problems))
-    out_dir = Path(out_dir)
-    if (out_dir / COMPLETE).exists() or (out_dir / RUN_CONFIG).exists():
-        raise BadInput(f"--out_dir {out_dir} is a checkpoint of the run in {out_dir.parent.parent}: to "
-                       f"continue that run, use --out_dir {out_dir.parent.parent} --resume auto")
-    if is_checkpoints_dir(out_dir):
-        raise BadInput(f"--out_dir {out_dir} is the checkpoints directory of the run in {out_dir.parent}: to "
-                       f"continue that run, use --out_dir {out_dir.parent} --resume auto")
-    inside = next((a for a in out_dir.absolute().parents if a.name == CHECKPOINTS and is_checkpoints_dir(a)), None)
-    if inside is not None:
-        raise BadInput(f"--out_dir {out_dir} is inside the checkpoints of the run in {inside.parent}, whose pruning "
-                       f"(--keep_last) deletes its old steps with whatever lies in them: use an --out_dir outside "
-                       f"{inside}")
+    check_not_nested(out_dir)
     ckpt_dir = nearest_existing(checkpoint_dir(out_dir))
     if ckpt_dir.is_dir() and not os.access(ckpt_dir, os.W_OK | os.X_OK):
         raise BadInput(f"--out_dir {out_dir}: {ckpt_dir} is not writable")
 
 
+def check_not_nested(out_dir):
+    """--out_dir, its symbolic links resolved (a link into another run's checkpoints leads there all the same), is
+    neither a run's checkpoint nor its checkpoints/ directory, nor anywhere inside a run's checkpoints/: that run's
+    pruning (--keep_last) would delete this one with the step it lies in, and once that run saves, this one's
+    --resume is refused. A run that has not saved yet counts by its run.lock or metrics.jsonl. The reverse too:
+    this run's own checkpoints/ holds no other run."""
+    real = Path(out_dir).resolve()
+    linked = f" (through a symbolic link: {real})" if str(real) != os.path.abspath(out_dir) else ""
+    if (real / COMPLETE).exists() or (real / RUN_CONFIG).exists():
+        raise BadInput(f"--out_dir {out_dir} is a checkpoint of the run in {real.parent.parent}{linked}: to "
+                       f"continue that run, use --out_dir {real.parent.parent} --resume auto")
+    if is_checkpoints_dir(real):
+        raise BadInput(f"--out_dir {out_dir} is the checkpoints directory of the run in {real.parent}{linked}: to "
+                       f"continue that run, use --out_dir {real.parent} --resume auto")
+    inside = next((a for a in real.parents
+                   if a.name == CHECKPOINTS and (is_checkpoints_dir(a) or holds_a_run(a.parent))), None)
+    if inside is not None:
+        raise BadInput(f"--out_dir {out_dir} is inside the checkpoints of the run in {inside.parent}{linked}, whose "
+                       f"pruning (--keep_last) deletes its old steps with whatever lies in them: use an --out_dir "
+                       f"outside {inside}")
+    inner = run_inside(checkpoint_dir(real))
+    if inner is not None:
+        raise BadInput(f"--out_dir {out_dir}: its checkpoints directory holds the run in {inner}, which this run's "
+                       f"pruning (--keep_last) would delete with the steps around it: move that run out of "
+                       f"{checkpoint_dir(real)}, or use another --out_dir")
+
+
 def is_checkpoints_dir(path):
     """Whether path holds a run's checkpoints: `latest`, or a step directory."""
     return (path / LATEST).is_file() or any(TAG_PATTERN.match(p.name) for p in path.glob("step_*"))
+
+
+def holds_a_run(path):
+    """Whether a run has written into path (its lock file or metrics log), saved or not."""
+    return any(os.path.lexists(Path(path) / name) for name in RUN_MARKERS)
+
+
+def run_inside(path):
+    """The first directory under path (symbolic links not followed) that holds a run, or None."""
+    for directory, _, files in os.walk(path):
+        if RUN_MARKERS & set(files):
+            return Path(directory)
+    return None
 
 
 def check_space(out_dir, resume_from):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gpt.console import BadInput, exit_with, say, say0, write_problem
+from gpt.console import BadInput, exit_with, os_error_line, say, say0, write_problem
 from gpt.data import hellaswag
 from gpt.data.shards import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.runtime import ranks  # first: DeepSpeed imported with its logs on stderr
@@ -44,8 +44,11 @@ def train_or_exit(settings, stop):
     except StopTraining as e:
         good = last_good_checkpoint(settings.run.out_dir, e.trouble_from, prepared.resume_from)
         exit_with(f"stopping: {e}. Last good checkpoint: {good}", 1)
-    except OSError as e:  # metrics.jsonl, TensorBoard's events
-        problem = write_problem(e.filename or settings.run.out_dir, e) if e.errno else None
+    except OSError as e:  # metrics.jsonl, TensorBoard's events: a full disk, a directory removed under the run
+        if e.filename:  # the file and what went wrong with it
+            problem = os_error_line(e, settings.run.out_dir)
+        else:  # no file named: one line only where the disk is why, else a bug to show whole
+            problem = write_problem(settings.run.out_dir, e) if e.errno else None
         if problem is None:
             raise
         exit_with(f"stopping: {problem}. Last good checkpoint: {last_good_checkpoint(settings.run.out_dir)}", 1,

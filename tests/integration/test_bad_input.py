@@ -511,6 +511,14 @@ TRAIN_CASES = [
         "--ds_config", ds_json(t, csv_monitor={"enabled": True, "output_path": str(t / "link")})],
      "error: {path}: csv_monitor.output_path {tmp}/link/DeepSpeedJobName: {tmp}/link is a symbolic link to {tmp}/gone, "
      "which does not exist"),
+    # a component longer than file systems take, in the monitor's output_path or its job_name: OSError: File name too
+    # long from the check itself, or nothing said when it lies below a directory not made yet
+    (lambda t: ["--ds_config", ds_json(t, tensorboard={"enabled": True, "output_path": "x" * 300, "job_name": "j"})],
+     "error: {path}: tensorboard.output_path " + "x" * 150 + "..." + "x" * 17 + "/j: (303 characters) a path component of "
+     "300 bytes, longer than file systems take (255)"),
+    (lambda t: ["--ds_config", ds_json(t, csv_monitor={"enabled": True, "output_path": "csv", "job_name": "y" * 300})],
+     "error: {path}: csv_monitor.job_name csv/" + "y" * 146 + "..." + "y" * 19 + ": (305 characters) a path "
+     "component of 300 bytes, longer than file systems take (255)"),
     (lambda t: ["--ds_config", ds_json(t, flops_profiler={"enabled": True, "profile_step": 1,
                                                           "output_file": "/dev/null/x.txt"})],
      "error: {path}: flops_profiler.output_file /dev/null/x.txt: /dev/null is a file, not a directory"),
@@ -676,6 +684,57 @@ def test_an_out_dir_inside_another_runs_checkpoints_is_refused(run_main, tmp_pat
         2, f"error: --out_dir {out} is inside the checkpoints of the run in {other}, whose pruning (--keep_last) "
            f"deletes its old steps with whatever lies in them: use an --out_dir outside {other / 'checkpoints'}\n")
     assert sorted(p.name for p in (other / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+
+
+def saved_run(path):
+    """A run's out_dir as its saves leave it: checkpoints/step_00000010 and latest."""
+    (path / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (path / "checkpoints" / "latest").write_text("step_00000010")
+    return path
+
+
+@pytest.mark.parametrize("target, under", [("checkpoints/step_00000010", "ft"), ("checkpoints", "ft")])
+def test_an_out_dir_reached_through_a_link_into_another_runs_checkpoints_is_refused(run_main, tmp_path, target, under):
+    """A link into another run's step directory was accepted, and that run's next prune (--keep_last) deleted the new
+    run with the step; into its checkpoints/, accepted without a word. The path is resolved before it is judged."""
+    other = saved_run(tmp_path.resolve() / "runA")
+    (tmp_path / "link").symlink_to(other / target)
+    out, real = tmp_path / "link" / under, other / target / under
+    assert run_main("--out_dir", str(out)) == (
+        2, f"error: --out_dir {out} is inside the checkpoints of the run in {other} (through a symbolic link: {real}), "
+           f"whose pruning (--keep_last) deletes its old steps with whatever lies in them: use an --out_dir outside "
+           f"{other / 'checkpoints'}\n")
+    assert not real.exists()
+
+
+def test_an_out_dir_that_links_to_another_runs_checkpoints_names_that_run(run_main, tmp_path):
+    other = saved_run(tmp_path.resolve() / "runA")
+    (tmp_path / "link").symlink_to(other / "checkpoints")
+    assert run_main("--out_dir", str(tmp_path / "link")) == (
+        2, f"error: --out_dir {tmp_path / 'link'} is the checkpoints directory of the run in {other} (through a "
+           f"symbolic link: {other / 'checkpoints'}): to continue that run, use --out_dir {other} --resume auto\n")
+
+
+@pytest.mark.parametrize("marker", ["run.lock", "metrics.jsonl"])
+def test_a_run_nested_in_or_around_a_run_that_has_not_saved_yet_is_refused(run_main, tmp_path, marker):
+    """Inside the checkpoints/ of a run that has not saved yet (known by its lock file or metrics log), a run was
+    accepted, then stranded: once the outer run saved, the inner one's --resume was refused. The reverse: a run
+    started around another one, which then lay in the new run's checkpoints/ (and in its pruning's way)."""
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    (outer / marker).write_text("")
+    out = outer / "checkpoints" / "inner"
+    assert run_main("--out_dir", str(out)) == (
+        2, f"error: --out_dir {out} is inside the checkpoints of the run in {outer}, whose pruning (--keep_last) "
+           f"deletes its old steps with whatever lies in them: use an --out_dir outside {outer / 'checkpoints'}\n")
+    assert not out.exists()
+    (outer / marker).unlink()  # the other way round: the inner run was there first
+    out.mkdir(parents=True)
+    (out / marker).write_text("")
+    assert run_main("--out_dir", str(outer)) == (
+        2, f"error: --out_dir {outer}: its checkpoints directory holds the run in {out}, which this run's pruning "
+           f"(--keep_last) would delete with the steps around it: move that run out of {outer / 'checkpoints'}, or "
+           f"use another --out_dir\n")
 
 
 @pytest.mark.slow

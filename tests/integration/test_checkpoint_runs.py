@@ -11,10 +11,12 @@ import time
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import (REPO, TINY, default_signals, free_port, out_dir_of, saved_tensors, succeeded, train,
                       two_rank_run, write_ds_config)
 from gpt.train import checkpoint, resume, universal
+from gpt.train.metrics import events_dir
 from gpt.console import BadInput
 
 # Resumed at step 5: Adam's 6th step, the first whose beta2^t (0.95) as a running float product, which DeepSpeed's
@@ -331,7 +333,7 @@ def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path,
 def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_line(tmp_path, small_vocab_dir):
     """A run killed after its last checkpoint had logged the steps after it, the last line cut mid-write: the resume
     keeps one record per step and a file whose every line parses (it appended a second record of each step before,
-    the first glued onto the cut line), and says what it dropped."""
+    the first glued onto the cut line), and says what it dropped; TensorBoard shows each step once."""
     flags = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
     train(tmp_path, small_vocab_dir, *flags, "--max_steps", "5")
     ckpt = tmp_path / "checkpoints"
@@ -344,6 +346,10 @@ def test_a_resume_drops_the_records_of_the_steps_it_takes_again_and_a_cut_last_l
     assert [r["step"] for r in records if "loss" in r] == [0, 1, 2, 3, 4, 5]
     assert (f"warning: {tmp_path / 'metrics.jsonl'}: 1 record(s) of steps 4 on dropped: this launch trains them "
             f"again; line(s) 6 dropped: not a whole record (cut by a kill)") in proc.stderr
+    # TensorBoard's own reader: each step once, in order (the first launch's step 4 is purged by the resumed one's)
+    scalars = EventAccumulator(str(events_dir(tmp_path))).Reload().Scalars("loss/train")
+    assert [scalar.step for scalar in scalars] == [0, 1, 2, 3, 4, 5]
+    assert [scalar.value for scalar in scalars] == pytest.approx([r["loss"] for r in records if "loss" in r])
 
 
 def test_a_checkpoint_whose_bytes_changed_is_passed_over_and_an_old_one_is_said_to_be_unverified(tmp_path,

@@ -1,6 +1,7 @@
 """Full and read-only disks (gpt/console.py), on small tmpfs mounts: one line, `latest` never on a partial step,
 refused up front where the run could not save; a read-only HOME trains, and a read-only cache that a run needs
 (torch's extensions for FusedAdam, our downloads) is named with the variable that moves it."""
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ from conftest import FUSED_ADAM, GPT2_VOCAB, REPO, TINY, plain_shell_env, train,
 from gpt.console import BadInput
 from gpt.data import hellaswag
 from gpt.train import checkpoint, resume
+from gpt.train.metrics import MetricsLogger, events_dir
 from gpt.console import free_bytes, megabytes
 
 
@@ -48,6 +50,25 @@ def test_a_read_only_out_dir_is_refused_before_training(mount, tmp_path, small_v
     out = mount(tmp_path / "out", "1m", read_only=True)
     _, proc = train(out / "run", small_vocab_dir, *TINY, "--max_steps", "2", check=False)
     assert (proc.returncode, proc.stderr) == (2, f"error: --out_dir {out / 'run'}: {out} is not writable\n")
+
+
+def test_tensorboards_events_removed_mid_run_end_it_in_one_line(tmp_path, small_vocab_dir, monkeypatch):
+    """TensorBoard's writer reopens its events file by name (in bytes) for every write: with the directory removed
+    it failed, its thread printed a traceback, and the trainer's handler crashed on the bytes name (TypeError)."""
+    out, log, removed = tmp_path / "out", MetricsLogger.log, []
+
+    def log_after_removing_the_events_at_step_2(self, step, metrics, console=None):
+        if step == 2 and self.enabled and not removed:
+            removed.extend(events_dir(out).glob("events.out.tfevents.*"))
+            shutil.rmtree(events_dir(out))
+        log(self, step, metrics, console)
+    monkeypatch.setattr(MetricsLogger, "log", log_after_removing_the_events_at_step_2)
+    _, proc = train(out, small_vocab_dir, *TINY, "--max_steps", "8", "--total_batch_tokens", "512", "--save_every",
+                    "2", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
+        f"error: stopping: {removed[0]}: No such file or directory. Last good checkpoint: "
+        f"{out / 'checkpoints' / 'step_00000001'}"]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ line (the rest: tests/unit/test_prepare.py)."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,7 +41,8 @@ def test_bad_file_inputs_are_clear_errors(tmp_path):
 
 def test_a_second_preparation_into_a_directory_being_written_is_refused(tmp_path, capsys):
     """Two preparations of different corpora into one --out_dir at the same moment both reported their token
-    counts, and the directory held one corpus. The first holds the directory (gpt.data.prepare.only_preparation)."""
+    counts, and the directory held one corpus. The first holds OUT_DIR/prepare.lock (gpt.data.prepare.only_preparation),
+    and says who it is."""
     from gpt.commands.prepare import main
     from gpt.data.prepare import only_preparation
 
@@ -51,11 +53,13 @@ def test_a_second_preparation_into_a_directory_being_written_is_refused(tmp_path
     with only_preparation(out):  # as a preparation that is writing there holds it
         with pytest.raises(SystemExit) as refused:
             main(argv)
-        assert list(out.iterdir()) == []
+        assert list(out.iterdir()) == [out / "prepare.lock"]  # a file: a directory's flock fails on NFS
+        since = json.loads((out / "prepare.lock").read_text())["since"]
+    holder = f"pid {os.getpid()} on {socket.gethostname()} (since {since})"
     assert refused.value.code == 1
-    assert capsys.readouterr().err == (f"error: --out_dir {out}: another gpt-prepare is writing there; wait for it "
-                                       f"to end, or use another --out_dir\n")
-    assert not out.exists()  # made for the lock, and removed again while empty
+    assert capsys.readouterr().err == (f"error: --out_dir {out}: another gpt-prepare is writing there: {holder}; "
+                                       f"wait for it to end, or use another --out_dir\n")
+    assert not out.exists()  # made for the lock, and removed again with it
     main(argv)  # alone, it runs
     assert "corpus_prepare.json" in {p.name for p in out.iterdir()}
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, TINY, free_port, train
+from gpt.runtime import lock_file
 from gpt.train import run_lock
 from gpt.console import BadInput
 
@@ -121,7 +122,7 @@ def test_a_file_system_without_locks_is_said_and_trains_unguarded(tmp_path, monk
 
     def no_locks(file, operation):
         raise OSError(errno.ENOLCK, "No locks available")
-    monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
+    monkeypatch.setattr(lock_file.fcntl, "flock", no_locks)
     out = tmp_path / "out"
     run_lock.acquire(out).close()
     run_lock.check_unlocked(out)  # nothing to refuse on

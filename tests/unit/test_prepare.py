@@ -7,6 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpt.commands.prepare import main
+from gpt.console import BadInput
+from gpt.data.shard_writer import ShardWriter
 from gpt.data.shards import find_shards, load_shard
 from gpt.data.prepare import Corpus, prepare
 from gpt.data.tokenizer import EOT_TOKEN, gpt2_tokenizer
@@ -82,6 +84,42 @@ def test_an_interrupted_prepare_resumes_where_it_stopped(tmp_path, monkeypatch):
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "resumed").glob("*.bin")}
     prepare(Corpus(iter(DOCUMENTS)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
     assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "resumed").glob("*.bin")}
+
+
+def test_a_preparation_killed_between_a_shard_and_its_record_resumes(tmp_path, monkeypatch):
+    """The shard it wrote last is on disk but not in the progress file: the next shard written, so written again."""
+    prepare(Corpus(iter(DOCUMENTS)), tmp_path / "whole", "c", 700, 200, 1, SETTINGS)
+    save = ShardWriter._save
+
+    def killed_at_the_third_record(writer):
+        if len(writer.progress["shards"]) == 3:
+            raise KeyboardInterrupt
+        save(writer)
+    monkeypatch.setattr(ShardWriter, "_save", killed_at_the_third_record)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(Corpus(iter(DOCUMENTS)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
+    monkeypatch.setattr(ShardWriter, "_save", save)
+    assert (tmp_path / "resumed" / "c_train_000002.bin").exists()
+    assert json.loads((tmp_path / "resumed" / "c_prepare.json").read_text())["shards"] == ["c_val_000000.bin",
+                                                                                          "c_train_000001.bin"]
+    prepare(Corpus(iter(DOCUMENTS)), tmp_path / "resumed", "c", 700, 200, 1, SETTINGS)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "resumed").glob("*.bin")} == {
+        p.name: p.read_bytes() for p in (tmp_path / "whole").glob("*.bin")}
+
+
+def test_own_named_shards_the_progress_file_does_not_list_are_refused(tmp_path):
+    """A shard of this name that gpt-prepare did not write (another tool's, copied in) beside a progress file: it was
+    overwritten, or (a finished preparation) trained on with the corpus."""
+    out = tmp_path / "out"
+    prepare(Corpus(iter(DOCUMENTS)), out, "c", 700, 200, 1, SETTINGS)
+    (out / "c_train_000099.bin").write_bytes(bytes(1024 + 64))
+    before = {p: p.stat().st_mtime_ns for p in out.iterdir()}
+    with pytest.raises(BadInput) as refused:
+        prepare(Corpus(iter(DOCUMENTS)), out, "c", 700, 200, 1, SETTINGS)
+    assert str(refused.value) == (f"{out} holds shards that gpt-prepare did not write (c_train_000099.bin; not in "
+                                  f"c_prepare.json): they would be overwritten, or trained on with this corpus; use "
+                                  f"another --out_dir, or move them away")
+    assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
 def test_hub_source_reads_a_local_dataset_directory(tmp_path):

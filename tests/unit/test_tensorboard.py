@@ -1,5 +1,5 @@
 """TensorBoard's tags: every one in a section, the losses' first; a run begun with the former flat tags keeps them
-when resumed. (What TensorBoard shows of a run: tests/integration/test_tensorboard_runs.py.)"""
+when resumed; a resumed run's events start where its checkpoint was. (What TensorBoard shows of a run: tests/integration/test_tensorboard_runs.py.)"""
 import json
 
 from gpt.train.metrics import HPARAM_METRICS, TAGS, MetricsLogger, events_dir
@@ -39,3 +39,24 @@ def test_every_tag_is_in_a_section_and_the_losses_section_sorts_first():
     sections = sorted({tag.split("/")[0] for tag in TAGS.values()})
     assert sections[0] == "loss" and all(tag.count("/") == 1 for tag in TAGS.values())
     assert set(HPARAM_METRICS) <= set(TAGS)
+
+
+def test_a_resumed_runs_events_start_where_its_checkpoint_was(tmp_path):
+    """A run killed at step 5, after its checkpoint of step 3, resumed at step 4: TensorBoard's own reader returned
+    loss/train at steps 0..5, 4, 5, 6, 7 (both launches' events, the steps taken again twice and out of order)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    killed = MetricsLogger(tmp_path, enabled=True)
+    killed.continue_from(0)
+    for step in range(6):
+        killed.log(step, {"loss": 10.0 - step})
+    killed.close()
+    first = next(events_dir(tmp_path).glob("events.out.tfevents.*"))  # named as an earlier second's launch names it
+    first.rename(first.with_name("events.out.tfevents.0000000001.host.1.0"))  # (the same second: ordered by a count)
+    resumed = MetricsLogger(tmp_path, enabled=True)
+    resumed.continue_from(4)
+    for step in range(4, 8):
+        resumed.log(step, {"loss": 20.0 + step})
+    resumed.close()
+    scalars = EventAccumulator(str(events_dir(tmp_path))).Reload().Scalars("loss/train")
+    assert [(scalar.step, scalar.value) for scalar in scalars] == [
+        (0, 10.0), (1, 9.0), (2, 8.0), (3, 7.0), (4, 24.0), (5, 25.0), (6, 26.0), (7, 27.0)]
