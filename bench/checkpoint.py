@@ -34,7 +34,6 @@ from gpt.train import checkpoint, engine as ds_engine, universal
 from gpt.model.model import GPT, GPT2_VOCAB_SIZE, PRESETS, param_count
 from gpt.train.engine import OptimizerSettings
 
-REPEATS = 3
 EXTRAPOLATE_TO = "d48"  # GPT-2 1.5B
 
 
@@ -85,11 +84,11 @@ def engines(model, config, device):
                                         optimizer=optimizer)
 
 
-def measure(engine, universal_engine, out):
-    """Seconds of each measurement in each of REPEATS rounds, alternating (this disk's speed drifts between runs), and
+def measure(engine, universal_engine, out, repeats):
+    """Seconds of each measurement in each of `repeats` rounds, alternating (this disk's speed drifts between runs), and
     the checkpoint's and its universal form's bytes."""
     seconds = {name: [] for name in ("save", "load", "raw_write", "convert", "universal_load", "checksum")}
-    for repeat in range(REPEATS):
+    for repeat in range(repeats):
         took, path = timed(lambda: fsync_tree(checkpoint.save(engine, out, repeat, {"step": repeat},
                                                               {"world_size": 1}, keep_last=1, keep_every=0)))
         seconds["save"].append(took)
@@ -110,18 +109,19 @@ def main():
     parser.add_argument("--model", default="d12", choices=sorted(PRESETS))
     parser.add_argument("--ds_config", default="ds_configs/zero1_bf16.json")
     parser.add_argument("--out_dir", default="/tmp/dsgpt_ckpt_bench")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every measurement; the medians are reported")
     args = parser.parse_args()
     out = Path(args.out_dir)
     shutil.rmtree(out, ignore_errors=True)
     device = ranks.setup_distributed()
     seconds, nbytes, universal_bytes = measure(*engines(args.model, json.loads(Path(args.ds_config).read_text()),
-                                                        device), out)
+                                                        device), out, args.repeats)
     save_s, load_s, raw_s, convert_s, universal_load_s, checksum_s = (
         float(np.median(seconds[name])) for name in ("save", "load", "raw_write", "convert", "universal_load", "checksum"))
     params, target_params = param_count(PRESETS[args.model]), param_count(PRESETS[EXTRAPOLATE_TO])
     scale = target_params / params
     results = {"model": args.model, "ds_config": args.ds_config, "params": params, "checkpoint_bytes": nbytes,
-               "repeats": REPEATS, "save_s": save_s, "load_s": load_s, "raw_write_s": raw_s,
+               "repeats": args.repeats, "save_s": save_s, "load_s": load_s, "raw_write_s": raw_s,
                "save_mb_s": nbytes / save_s / 1e6, "load_mb_s": nbytes / load_s / 1e6,
                "raw_write_mb_s": nbytes / raw_s / 1e6, "save_vs_raw_write": raw_s / save_s,
                "checksum_s": checksum_s, "checksum_vs_save": checksum_s / save_s,

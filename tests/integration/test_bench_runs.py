@@ -159,8 +159,9 @@ def test_checkpoint_bench_measures_universal_conversion(tmp_path):
     from gpt.model.model import PRESETS, param_count
 
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "bench/checkpoint.py", "--model", "tiny", "--out_dir", str(out)],
-                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run([sys.executable, "bench/checkpoint.py", "--model", "tiny", "--out_dir", str(out),
+                           "--repeats", "1"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(proc.stdout.splitlines()[-1])
     assert results["save_s"] > 0 and results["checkpoint_bytes"] > 0
