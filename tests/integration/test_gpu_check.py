@@ -39,7 +39,7 @@ def test_the_part_muon_trains_the_main_job_under_its_muon_json_and_sets_its_step
     report = tmp_path / "report"
     report.mkdir()
     shutil.copy(REPO / "tests" / "data" / "gpu_report_h100_2026-11-26" / "main.out", report)
-    env = {"PATH": os.environ["PATH"], "DRY_RUN": "1", "GPUS": "1", "DATA": str(small_vocab_dir)}
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DRY_RUN": "1", "GPUS": "1", "DATA": str(small_vocab_dir)}
     proc = subprocess.run(["bash", "launch/gpu_check.sh", str(report), "muon", "main"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     job = (f"deepspeed --num_gpus 1 train_ds.py --ds_config ds_configs/zero1_bf16{{}}.json --micro_batch {{}} "
