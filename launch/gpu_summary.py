@@ -1,6 +1,6 @@
 """summary.md of launch/gpu_check.sh: its report directory as one page, for README, docs/ and the session note.
 The main job's figures (what --micro_batch auto chose, steady tokens/s, MFU, peak memory) are set against the plain
-compiled PyTorch loop that the bench step measured in the same call.
+compiled PyTorch loop that the bench step measured in the same call, and its Muon twin's step time against its own.
 
     python launch/gpu_summary.py REPORT_DIR > REPORT_DIR/summary.md
 """
@@ -27,13 +27,18 @@ def plain_compiled_tokens_per_s(report):
     return statistics.median(plain) if plain else None
 
 
+def records_of(out_dir):
+    """The records of a run's metrics.jsonl; none if it wrote none."""
+    metrics = out_dir / "metrics.jsonl"
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
 def main_job(report):
     """The main job's lines: what auto chose in the run and in its resume, the resume, steps STEADY_FROM.. (median
     tokens/s and its MFU, the peak), and the ratio to the plain compiled loop."""
-    metrics = report / "main" / "metrics.jsonl"
-    if not metrics.exists():
+    records = records_of(report / "main")
+    if not records:
         return "## The main job (every default)\n\n(not run)\n"
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
     said = [line for line in text(report, "main.out").splitlines() if "--micro_batch auto:" in line]
     said += [line for line in text(report, "main_resume.out").splitlines()  # auto there: kept, or probed again
              if "--micro_batch auto:" in line or "resumed from" in line]
@@ -53,9 +58,36 @@ def main_job(report):
     return "\n".join(lines) + "\n"
 
 
+def muon_against_adamw(report):
+    """The part muon's lines: the main job's shape under zero1_bf16_muon.json, its median step time and tokens/s
+    over its steps from STEADY_FROM against the main job's (AdamW) over the same steps, as ratios; and the
+    validation loss of both at Muon's last validation."""
+    said = [line for line in text(report, "muon.out").splitlines() if " over " in line and "tokens/step" in line]
+    lines = ["## Muon against AdamW (the main job's shape, zero1_bf16_muon.json)", "", *said, *([""] if said else [])]
+    muon_records, adamw_records = records_of(report / "muon"), records_of(report / "main")
+    muon = [r for r in muon_records if "dt" in r and r["step"] >= STEADY_FROM]
+    adamw = [r for r in adamw_records if "dt" in r and r["step"] in {m["step"] for m in muon}]
+    if not (muon and adamw):
+        return "\n".join(lines + ["(not run: the parts main and muon make it)"]) + "\n"
+    medians = {}
+    for name, records in (("Muon", muon), ("AdamW", adamw)):
+        medians[name] = statistics.median(r["dt"] for r in records), statistics.median(r["tokens_per_s"] for r in records)
+        lines.append(f"{name}: steps {records[0]['step']}..{records[-1]['step']}: median step {medians[name][0]:.3f} s, "
+                     f"{medians[name][1]:,.0f} tokens/s")
+    lines.append(f"Muon / AdamW: step time {medians['Muon'][0] / medians['AdamW'][0]:.3f}x, "
+                 f"tokens/s {medians['Muon'][1] / medians['AdamW'][1]:.3f}x")
+    val = {name: {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+           for name, records in (("Muon", muon_records), ("AdamW", adamw_records))}
+    common = sorted(set(val["Muon"]) & set(val["AdamW"]))
+    if common:
+        lines.append(f"val_loss at step {common[-1]}: Muon {val['Muon'][common[-1]]:.4f}, "
+                     f"AdamW {val['AdamW'][common[-1]]:.4f}")
+    return "\n".join(lines) + "\n"
+
+
 def summary(report):
     parts = ["# GPU acceptance run\n\n" + text(report, "env.txt") + "\n## Steps\n\n" + text(report, "steps.txt"),
-             main_job(report),
+             main_job(report), muon_against_adamw(report),
              "## pytest -m gpu\n\n" + "\n".join(text(report, "pytest.txt").splitlines()[-25:]) + "\n"]
     for path in sorted(report.glob("measure_*.json")):
         try:

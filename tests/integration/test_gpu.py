@@ -1,5 +1,6 @@
 """The CUDA paths, on one GPU: zero1_bf16 steps learn; zero2_fp16 from a 2^32 loss scale skips steps and halves
-the scale until it fits, then learns; the default torch.compile with validation and sampling; bit-exact resume
+the scale until it fits, then learns; the default torch.compile with validation and sampling, under AdamW and
+the main job's Muon twin; bit-exact resume
 under --deterministic, and a run's end without NCCL's warnings; a resume through DeepSpeed's universal form; the
 fused loss against the classic one; torch's AdamW building nothing; DeepSpeed's FusedAdam JIT build; the bench's
 smoke run; gpt-eval / gpt-sample on the GPU; and, each with the GPU
@@ -10,6 +11,7 @@ these (the `pytest` step of launch/gpu_check.sh, 150 s at most; on an H100, 2026
 main step, --micro_batch auto's test left to that step; 2026-11-26: the bf16 fused loss's memory failed, fixed
 since). Skipped where there is no CUDA (CI)."""
 import json
+import math
 import os
 import re
 import subprocess
@@ -28,6 +30,7 @@ from test_bench_runs import assert_bf16_rows_or_skip, bench_results
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 BF16, FP16 = "ds_configs/zero1_bf16.json", "ds_configs/zero2_fp16.json"
+MUON = "ds_configs/zero1_bf16_muon.json"  # the main job's Muon twin
 CONFIGS = {"bf16": BF16, "fp16": FP16}
 # The tiny model, 2 x 8 sequences of 256 per step, eager unless a run says otherwise. lr 1e-2: at d12's 1e-3 its
 # 64-wide embeddings move too slowly to learn 2 nats in 8 steps (CPU, bf16: 10.81 -> 7.68 at 1e-2)
@@ -68,6 +71,7 @@ def command(*args, after=None):
 RUNS = {
     "compiled": training(*COMPILE_CHECK),
     "eager": training(*COMPILE_CHECK, "--no-compile"),
+    "compiled_muon": training(*COMPILE_CHECK, "--ds_config", MUON),
     "bf16_whole": training(*RESUME_CHECK, "--ds_config", BF16),
     "bf16_resumed": training(*RESUME_CHECK, "--ds_config", BF16, "--resume",
                              "{runs}/bf16_whole/checkpoints/step_00000002", after="bf16_whole"),
@@ -253,6 +257,18 @@ def test_compile_is_the_default_and_keeps_validation_and_sampling_working(gpu_ru
     eager, _ = trained(gpu_runs, "eager")
     for key in ("loss", "val_loss"):  # bf16: the compiled kernels round differently
         assert [r[key] for r in compiled if key in r] == pytest.approx([r[key] for r in eager if key in r], rel=2e-2)
+
+
+@reads("compiled_muon")
+def test_muon_runs_compiled_with_validation_and_sampling(gpu_runs):
+    """The main job's Muon JSON under the default torch.compile: the optimizer the header says, every step and
+    validation loss finite, a sample."""
+    records, proc = trained(gpu_runs, "compiled_muon")
+    assert "torch.compile on (the default with CUDA; --no-compile turns it off)" in proc.stdout
+    assert "bf16, ZeRO 1, BF16_Optimizer over MuonWithAuxAdam (Muon at muon_lr 0.02 on the block matrices" in proc.stdout
+    assert "sample at step 2:" in proc.stdout
+    losses = [r["loss"] for r in steps(records)] + [r["val_loss"] for r in records if "val_loss" in r]
+    assert [r["step"] for r in steps(records)] == [0, 1, 2] and all(math.isfinite(loss) for loss in losses), records
 
 
 @reads("bf16_whole", "bf16_resumed", "fp16_whole", "fp16_resumed")

@@ -50,3 +50,29 @@ def test_the_summary_of_a_report_cut_short_says_what_did_not_run(tmp_path):
     text = summary.summary(report)
     assert text.count("(not run)") == 6  # env, steps, the main job, pytest, bench, eval
     assert "## measure_zero1_bf16\n\nno report (see measure_zero1_bf16.log)\n" in text
+    assert "zero1_bf16_muon.json)\n\n(not run: the parts main and muon make it)\n" in text
+
+
+def test_the_part_muon_is_set_against_the_main_jobs_steps_it_shares(tmp_path):
+    """A Muon run of steps 0..29 whose steps take 1.25x the main job's (of the stored H100 report, steps 0..39): the
+    medians of the main job's steps 10..29 alone; the validation losses at the last step both validated."""
+    summary = load_script("launch/gpu_summary.py")
+    report = report_dir(tmp_path)
+    records = [json.loads(line) for line in (report / "main" / "metrics.jsonl").read_text().splitlines()]
+    muon = [dict(r, dt=r["dt"] * 1.25, tokens_per_s=r["tokens_per_s"] / 1.25) if "dt" in r else
+            dict(r, val_loss=r["val_loss"] - 0.5) for r in records if r["step"] < 30]
+    (report / "muon").mkdir()
+    (report / "muon" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in muon))
+    (report / "muon.out").write_text("bf16, ZeRO 1, BF16_Optimizer over MuonWithAuxAdam (Muon at ...), 1 rank(s) x "
+                                     "micro_batch 128 x seq_len 1024 x grad_accum 4 = 524,288 tokens/step\nstep 0\n")
+    adamw = [r for r in records if "dt" in r and 10 <= r["step"] <= 29]
+    dt, tokens_per_s = (sorted(r[key] for r in adamw)[9:11] for key in ("dt", "tokens_per_s"))  # 20: two middles
+    assert summary.muon_against_adamw(report) == (
+        "## Muon against AdamW (the main job's shape, zero1_bf16_muon.json)\n\n"
+        "bf16, ZeRO 1, BF16_Optimizer over MuonWithAuxAdam (Muon at ...), 1 rank(s) x micro_batch 128 x seq_len 1024 "
+        "x grad_accum 4 = 524,288 tokens/step\n\n"
+        f"Muon: steps 10..29: median step {sum(dt) / 2 * 1.25:.3f} s, {sum(tokens_per_s) / 2 / 1.25:,.0f} tokens/s\n"
+        f"AdamW: steps 10..29: median step {sum(dt) / 2:.3f} s, {sum(tokens_per_s) / 2:,.0f} tokens/s\n"
+        "Muon / AdamW: step time 1.250x, tokens/s 0.800x\n"
+        "val_loss at step 29: Muon 5.8453, AdamW 6.3453\n")
+    assert summary.muon_against_adamw(report) in summary.summary(report)
