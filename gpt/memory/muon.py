@@ -11,6 +11,8 @@ where Adam has two moments; where that buffer lives depends on the ZeRO optimize
   overflow check (`_muon_staging_momentum`; kept between steps);
 - no ZeRO: MuonWithAuxAdam's own step keeps an fp32 buffer per matrix."""
 
+import copy
+
 # DeepSpeed pads each flat parameter group to a multiple of this times the ranks (nccl_start_alignment_factor)
 ALIGNMENT = 2
 
@@ -18,6 +20,16 @@ ALIGNMENT = 2
 def uses_muon(ds_config):
     """Whether the DeepSpeed JSON names Muon as its optimizer (DeepSpeed matches the type case-insensitively)."""
     return str(((ds_config or {}).get("optimizer") or {}).get("type", "")).lower() == "muon"
+
+
+def muon_twin(ds_config):
+    """A copy of a DeepSpeed JSON with DeepSpeed's Muon in place of its optimizer and no gradient clipping: what the
+    planner and its tests count for a Muon run on the same ZeRO stage and precision (the bytes do not depend on
+    Muon's settings)."""
+    twin = copy.deepcopy(ds_config)
+    twin["optimizer"] = {"type": "Muon", "params": {"muon_lr": 0.02, "momentum": 0.95}}
+    twin.pop("gradient_clipping", None)
+    return twin
 
 
 def optimizer_name(ds_config):

@@ -16,7 +16,7 @@ from gpt.train import engine as ds_engine
 from gpt.config.ds_config import precision
 from gpt.model.model import GPT, GPTConfig
 from gpt.memory.footprint import engine_state_bytes
-from gpt.memory.muon import muon_matrices, muon_matrix_shapes
+from gpt.memory.muon import muon_matrices, muon_matrix_shapes, muon_twin
 from gpt.memory.plan import resident_model_state_bytes
 from gpt.train.engine import OptimizerSettings
 
@@ -27,8 +27,7 @@ def measure(config_path, stage, fp32, device, muon=False):
     if fp32:
         config.pop("bf16", None), config.pop("fp16", None), config.pop("data_types", None)
     if muon:
-        config["optimizer"] = {"type": "Muon", "params": {"muon_lr": 0.02, "momentum": 0.95}}
-        config.pop("gradient_clipping", None)
+        config = muon_twin(config)
     world = ranks.world_size()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=1024))

@@ -96,6 +96,8 @@ def test_readme_table_and_chart_are_what_the_report_gives(tmp_path):
     table = list(report.rows())
     markdown = report.markdown(table)
     assert markdown.count("\n") == 33 and markdown in (REPO / "docs" / "memory.md").read_text()
+    muon = report.muon_markdown(list(report.muon_rows()))
+    assert muon.count("\n") == 17 and muon in (REPO / "docs" / "memory.md").read_text()
     assert all(met for *_, met in report.targets()), report.targets()  # issue 13's planned targets for d12
     report.chart(table, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
