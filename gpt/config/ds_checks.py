@@ -10,6 +10,7 @@ import typing
 
 import pydantic
 
+from gpt.config import muon_checks
 from gpt.config.ds_config import (bf16_section, deepspeed_config, dtype_name, grad_accum_dtype, load, parsed, precision,
                                   zero_stage)
 from gpt.console import BadInput, out_dir_problem, out_file_problem
@@ -39,8 +40,7 @@ BOOLEAN_SETTINGS = {"wall_clock_breakdown", "memory_breakdown", "zero_allow_unte
 NUMBER_SETTINGS = {  # key: (the check, what it wants)
     "steps_per_print": (lambda v: v is None or _whole(v, 1), "a whole number >= 1 or null"),  # 0: ZeroDivisionError
     "gradient_clipping": (lambda v: _finite(v, 0), "a finite number >= 0 (0: off)"),
-    "gradient_predivide_factor": (lambda v: _finite(v, 0, low_open=True), "a finite number > 0"),
-}
+    "gradient_predivide_factor": (lambda v: _finite(v, 0, low_open=True), "a finite number > 0")}
 
 DATA_TYPES = ("grad_accum_dtype", "param_dtype", "buffer_dtype", "keep_in_fp32_modules")
 DTYPES = ("fp32", "bf16", "fp16")  # what data_types may name (DeepSpeed also takes int8, which trains nothing)
@@ -76,7 +76,7 @@ NOT_HONOURED = {
     "aio": "it configures NVMe offload, which this trainer does not run",
 }
 
-OPTIMIZERS = ("AdamW", "Adam")  # what this trainer's schedule and parameter groups are made for
+OPTIMIZERS = ("AdamW", "Adam", "Muon")  # what this trainer's schedule and parameter groups are made for
 
 OPTIMIZER_KEYS = ("type", "params", "legacy_fusion")
 
@@ -90,8 +90,7 @@ ADAM_PARAMS = {
     "torch_adam": (lambda v: isinstance(v, bool), "true or false"),
     "bias_correction": (lambda v: isinstance(v, bool), "true or false"),
     "fused": (lambda v: isinstance(v, bool), "true or false"),  # torch's: one kernel for every tensor
-    "foreach": (lambda v: isinstance(v, bool), "true or false"),
-}
+    "foreach": (lambda v: isinstance(v, bool), "true or false")}
 
 TORCH_ADAM_ONLY = {"amsgrad": "AMSGrad", "fused": "fused option", "foreach": "foreach option"}  # not FusedAdam's
 
@@ -303,7 +302,8 @@ def trainer_problems(ds_config, path):
               if key in ds_config and (ds_config[key] or {}).get("enabled") is not False]
     if (ds_config.get("torch_autocast") or {}).get("enabled", False):
         found.append(f"{path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead")
-    found += optimizer_problems(ds_config.get("optimizer", {}), path)
+    found += (muon_checks.problems(ds_config, path) if muon_checks.uses_muon(ds_config)
+              else optimizer_problems(ds_config.get("optimizer", {}), path))
     for key in ("reduce_bucket_size", "allgather_bucket_size"):
         size = getattr(zero, key)
         if key in ds_config.get("zero_optimization", {}) and size > MAX_BUCKET_SIZE:
@@ -412,7 +412,7 @@ def optimizer_problems(optimizer, path):
     found = [_unknown_key(path, f"optimizer.{key}", OPTIMIZER_KEYS) for key in optimizer if key not in OPTIMIZER_KEYS]
     if str(optimizer.get("type", "AdamW")).lower() not in [name.lower() for name in OPTIMIZERS]:
         found.append(f"{path}: optimizer.type {json.dumps(optimizer.get('type'))}: this trainer runs "
-                     f"{' or '.join(OPTIMIZERS)}")
+                     f"{', '.join(OPTIMIZERS[:-1])} or {OPTIMIZERS[-1]}")
     params = optimizer.get("params", {})
     if not isinstance(params, dict):
         return found + [f"{path}: optimizer.params must be a JSON object"]

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
-from gpt.config import ds_config as dsc
+from gpt.config import ds_config as dsc, muon_checks
 from gpt.console import say0
 from gpt.model import loss as losses
 from gpt.model.model import GPT
+from gpt.train import muon
 from gpt.train.hf import load_hf_weights
 
 import deepspeed  # noqa: E402
@@ -51,7 +52,7 @@ def initialize(model, ds_config, micro_batch, grad_accum, optimizer, loss=None, 
         deepspeed.checkpointing.configure(mpu_=None, deepspeed_config=config)
         checkpoint_fn = deepspeed.checkpointing.checkpoint  # reentrant: block inputs carry grad
     wrap(model, loss, accelerator.device_type(), dsc.precision(config), checkpoint_fn=checkpoint_fn, compile=compile)
-    with no_memory_dumps():
+    with no_memory_dumps(), muon.blocks_tagged_for_muon():
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, optimizer.weight_decay), config=config,
             lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer,
@@ -66,7 +67,9 @@ def fill(ds_config, micro_batch, grad_accum, train_batch_size, lr, weight_decay)
     config["gradient_accumulation_steps"] = grad_accum
     config["train_batch_size"] = train_batch_size
     optimizer = config.setdefault("optimizer", copy.deepcopy(dsc.DEFAULT_OPTIMIZER))
-    optimizer.setdefault("params", {}).update(lr=lr, weight_decay=weight_decay)
+    optimizer.setdefault("params", {}).update(lr=lr, weight_decay=weight_decay)  # Muon: lr is its Adam half's
+    if muon_checks.uses_muon(config):  # DeepSpeed's default (1.0) would clip Muon's update (gpt/config/muon_checks.py)
+        config.setdefault("gradient_clipping", 0.0)
     return config
 
 
@@ -134,7 +137,10 @@ def reapply_run_settings(engine, weight_decay):
     asked = {key: value for key, value in engine.optimizer_params().items()
              if key not in ("lr", "torch_adam", "weight_decay")}
     alike = lambda value: list(value) if isinstance(value, tuple) else value  # noqa: E731 -- betas: JSON's list
-    for group, decay in zip(adam.param_groups, (weight_decay, 0.0)):
+    groups = adam.param_groups  # (decay, no decay)
+    if muon.uses_muon(engine):  # three groups, each half with its own settings
+        changed, groups = muon.reapply_group_settings(engine, weight_decay), []
+    for group, decay in zip(groups, (weight_decay, 0.0)):
         for key, value in {"weight_decay": decay, **asked}.items():
             had = group.get(key)
             if (key in group or key in adam.defaults) and alike(had) != alike(value):

@@ -26,6 +26,7 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val",
         "peak_alloc_gib": "memory/peak_alloc_gib", "peak_reserved_gib": "memory/peak_reserved_gib",
         "peak_rss_gib": "memory/peak_rss_gib",
         "lr": "optim/lr", "grad_norm": "optim/grad_norm", "skipped": "optim/skipped", "guard_skips": "optim/guard_skips",
+        "update_norm": "optim/update_norm",
         "loss_scale": "optim/fp16_loss_scale", "skipped_steps": "optim/fp16_skipped_steps",
         "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "dt": "perf/dt",
         "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc"}
@@ -34,6 +35,7 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val",
 CHARTS = {
     "loss": {"loss and val_loss": ["loss", "val_loss"], "hellaswag": ["hellaswag/acc_norm", "hellaswag/acc"]},
     "optimizer": {"lr": ["lr"], "grad_norm (before clipping)": ["grad_norm"], "fp16 loss_scale": ["loss_scale"],
+                  "update_norm (Muon's orthogonalised update)": ["update_norm"],
                   "skipped updates": ["skipped", "skipped_steps", "guard_skips"]},
     "memory": {"peak memory (GiB)": ["peak_alloc_gib", "peak_reserved_gib", "peak_rss_gib"]},
     "throughput": {"tokens_per_s": ["tokens_per_s"], "mfu": ["mfu"], "dt (s)": ["dt"]},
@@ -47,14 +49,16 @@ HPARAM_METRICS = ("loss", "val_loss", "hellaswag/acc_norm")
 MAIN_HPARAMS = ("batch", "lr", "model", "precision", "seq_len")
 
 
-def step_metrics(engine, *, loss, lr, seconds, skipped, guard_skips, tokens, flops, peak_flops, world_size):
+def step_metrics(engine, *, loss, lr, seconds, skipped, guard_skips, tokens, flops, peak_flops, world_size,
+                 norm_name="grad_norm"):
     """A training step's metrics, in the console line's order: the loss, lr, time and throughput, grad_norm (before
     clipping; with fp16 also the loss scale and the count of skipped steps), the updates skipped, the step's peak
-    memory, and MFU against peak_flops per device (None: not known). A new metric goes here, with its tag in TAGS."""
+    memory, and MFU against peak_flops per device (None: not known). A new metric goes here, with its tag in TAGS.
+    norm_name: what DeepSpeed's norm is (gpt.train.muon.norm_name: 'update_norm' under Muon's ZeRO optimizer)."""
     metrics = dict(loss=loss, lr=lr, dt=seconds, tokens_per_s=tokens / seconds)
     grad_norm = engine.get_global_grad_norm()
     if grad_norm is not None:
-        metrics["grad_norm"] = float(grad_norm)
+        metrics[norm_name] = float(grad_norm)
     if engine.fp16_enabled():
         metrics.update(loss_scale=float(engine.optimizer.cur_scale), skipped_steps=int(engine.skipped_steps))
     metrics.update(skipped=int(skipped), guard_skips=guard_skips, **peak_memory(engine.device.type))

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from gpt.runtime import accelerator, host, ranks  # first: DeepSpeed imported with its logs on stderr
-from gpt.config import ds_checks, ds_config as dsc, hardware
+from gpt.config import ds_checks, ds_config as dsc, hardware, muon_checks
 from gpt.config.settings import EVAL_EVERY, GPT3_WARMUP_STEPS, Settings
 from gpt.console import BadInput, exit_if, exit_with, launch_problem, launched_rank, launched_world_size, say, say0
 from gpt.data import hellaswag
@@ -134,6 +134,9 @@ def preflight(settings, world_size, device_type):
     kind = None
     if resume_from is not None:
         kind = resume.plan_resume(resume_from, saved, run_config, settings)
+        problem = muon_checks.resume_problem(resume_from, saved, run_config, kind)
+        if problem:
+            raise BadInput(problem)
         if kind == "universal":
             converted = (resume_from / universal.UNIVERSAL).is_dir()  # by an earlier resume: reused
             problem = None if converted else universal.convert_problem(resume_from)
@@ -325,7 +328,8 @@ def run_config_of(settings, ds_config, model_config, world_size, auto=None):
     --micro_batch auto's choice depended on, when it chose the micro-batch."""
     return {"format": checkpoint.FORMAT, "model": asdict(model_config), "precision": dsc.precision(ds_config),
             "zero_stage": dsc.zero_stage(ds_config), "world_size": world_size, "args": settings.recorded(),
-            "data": fingerprints(find_shards(settings.data.dir, "train")), **({AUTO: auto} if auto else {})}
+            "data": fingerprints(find_shards(settings.data.dir, "train")), **({AUTO: auto} if auto else {}),
+            **muon_checks.recorded(ds_config)}
 
 
 def validate(settings, world_size, device_type="cpu"):

@@ -157,7 +157,7 @@ class Trainer:
         self.progress = Progress(optimizer.max_steps)  # the console's step N/M and ETA
         say0(f"model {settings.model.preset}: {self.model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
         say0(f"{setup.precision}, ZeRO {self.engine.zero_optimization_stage()}, "
-             f"{type(self.engine.optimizer).__name__} over {type(self.engine.basic_optimizer).__name__}, "
+             f"{type(self.engine.optimizer).__name__} over {ds_engine.muon.describe(self.engine)}, "
              f"{self.world_size} rank(s) x micro_batch {data.micro_batch} x seq_len {data.seq_len} x grad_accum "
              f"{setup.grad_accum} = {data.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
         say0(f"loss: {loss_label}")
@@ -256,7 +256,7 @@ class Trainer:
 
     def step(self, step):
         """One optimizer step as fit takes it: train, log, the guard's verdict. Returns the loss."""
-        lr = self.engine.get_lr()[0]
+        lr = ds_engine.muon.lr_flag_lr(self.engine)
         reset_peak_memory(self.device.type)
         try:
             (loss, skipped), seconds = ranks.timed_on_device(self._train_step)
@@ -342,7 +342,8 @@ class Trainer:
         """The step's metrics (gpt.train.metrics.step_metrics) to console, TensorBoard and metrics.jsonl."""
         metrics = step_metrics(self.engine, loss=loss, lr=lr, seconds=seconds, skipped=skipped,
                                guard_skips=self.guard.skipped, tokens=self.settings.data.total_batch_tokens,
-                               flops=self.flops_per_step, peak_flops=self.peak_flops, world_size=self.world_size)
+                               flops=self.flops_per_step, peak_flops=self.peak_flops, world_size=self.world_size,
+                               norm_name=ds_engine.muon.norm_name(self.engine))
         self.logger.log(step, metrics, console=f"step {step:5d}/{self.settings.optimizer.max_steps} | " + " | ".join(
             [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
             + [self.progress.step_ended(step, seconds)]))
@@ -390,7 +391,8 @@ class Trainer:
     def _set_schedule_position(self, position):
         """The lr schedule of this run's flags, at `position` (its count of updates taken)."""
         scheduler = self.engine.lr_scheduler
-        scheduler.base_lrs = [self.settings.optimizer.lr] * len(scheduler.base_lrs)  # a loaded state has the saved lr
+        # each group's peak (Muon's half: muon_lr): a loaded state has the saved ones
+        scheduler.base_lrs = ds_engine.muon.base_lrs(self.engine, self.settings.optimizer.lr)
         scheduler.last_epoch = position - 1
         scheduler.step()
 
@@ -407,5 +409,5 @@ class Trainer:
         self._set_schedule_position(position)
         was = ds_engine.lr_at(position, *(saved_args[flag] for flag in self.SCHEDULE_FLAGS))
         say0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on, its cosine decay ending at "
-             f"step {settings.optimizer.max_steps}; lr at step {position} is {self.engine.get_lr()[0]:.4g} "
-             f"(was {was:.4g})")
+             f"step {settings.optimizer.max_steps}; lr at step {position} is "
+             f"{ds_engine.muon.lr_flag_lr(self.engine):.4g} (was {was:.4g})")

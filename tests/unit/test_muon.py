@@ -1,0 +1,131 @@
+"""DeepSpeed's Muon as this trainer runs it (gpt/config/muon_checks.py, gpt/train/muon.py), on real engines in process:
+the JSON's checks line by line, which parameters Muon steps, each group's learning rate through the schedule, the
+norm the log reports and its name, and the run settings a resume applies to Muon's three groups. (Runs on 2 ranks,
+stop and resume: tests/integration/test_muon_runs.py.)"""
+import json
+
+import pytest
+import torch
+
+from common import REPO
+from gpt.config import ds_checks, muon_checks
+from gpt.model.model import GPT, GPTConfig
+from gpt.train import engine as ds_engine, muon
+from gpt.train.engine import OptimizerSettings
+
+MODEL = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=256)
+OPTIMIZER = OptimizerSettings(lr=3e-3, weight_decay=0.1, warmup_steps=2, max_steps=10, min_lr_ratio=0.1)
+
+
+def shipped(name):
+    return json.loads((REPO / "ds_configs" / name).read_text())
+
+
+MUON = shipped("zero2_fp32_muon.json")
+
+
+def with_params(**params):
+    return {**MUON, "optimizer": {"type": "Muon", "params": {**MUON["optimizer"]["params"], **params}}}
+
+
+@pytest.mark.parametrize("config, line", [
+    (with_params(muon_lr=0), "P: optimizer.params.muon_lr 0 must be a finite number > 0 (Muon's peak learning rate; "
+                             "--lr is the Adam half's)"),
+    (with_params(momentum=1.0), "P: optimizer.params.momentum 1.0 must be a number in [0, 1)"),
+    (with_params(ns_method="svd"), 'P: optimizer.params.ns_method "svd" must be "gram" or "standard" (the '
+                                   'Newton-Schulz iteration)'),
+    (with_params(betas=[0.9]), "P: optimizer.params.betas [0.9] must be two numbers in [0, 1)"),
+    (with_params(momentm=0.9), "P: unknown key 'optimizer.params.momentm' (did you mean 'momentum'?)"),
+    (with_params(per_head_muon=True), "P: unknown key 'optimizer.params.per_head_muon' (this trainer's Muon takes "
+                                      "muon_lr, momentum, ns_method, betas, eps, torch_adam)"),
+    (with_params(adam_lr=1e-3), "P: optimizer.params.adam_lr is decided by the trainer (from --lr): remove it from "
+                                "the JSON"),
+    ({**MUON, "gradient_clipping": 1.0}, 'P: gradient_clipping 1.0 with optimizer.type "Muon": DeepSpeed 0.19 would '
+     "clip Muon's orthogonalised update, not the gradient (its issue #8439), shrinking every step: set 0 or leave it "
+     "out (only bf16 with ZeRO 1 and fp32 grad_accum_dtype clips the gradient)"),
+    ({**MUON, "zero_optimization": {**MUON["zero_optimization"], "stage": 0}},
+     'P: optimizer.type "Muon" needs zero_optimization.stage 1 or 2 (DeepSpeed runs Muon inside its ZeRO optimizer)'),
+    ({**MUON, "optimizer": {"type": "muon", "params": {}, "legacy_fusion": False}},
+     "P: unknown key 'optimizer.legacy_fusion' (DeepSpeed's Muon has no such setting)"),
+    ({**MUON, "optimizer": {"type": "Muons"}}, 'P: optimizer.type "Muons": this trainer runs AdamW, Adam or Muon'),
+])
+def test_each_muon_problem_is_one_line(config, line):
+    assert ds_checks.problems(config, "P") == [line]
+
+
+def test_clipping_stays_where_deepspeed_clips_the_gradient():
+    """BF16_Optimizer (bf16, ZeRO 1, fp32 accumulation) clips before Muon orthogonalises: a clip is allowed there."""
+    assert ds_checks.problems({**shipped("zero1_bf16_muon.json"), "gradient_clipping": 1.0}, "P") == []
+    assert muon_checks.clips_the_gradient(shipped("zero1_bf16_muon.json"))
+    assert not muon_checks.clips_the_gradient(shipped("zero2_bf16_muon.json"))
+
+
+def build(config, weight_decay=0.1, seed=0):
+    torch.manual_seed(seed)
+    optimizer = OptimizerSettings(OPTIMIZER.lr, weight_decay, OPTIMIZER.warmup_steps, OPTIMIZER.max_steps,
+                                  OPTIMIZER.min_lr_ratio)
+    return ds_engine.initialize(GPT(MODEL), config, micro_batch=2, grad_accum=1, optimizer=optimizer)
+
+
+def step(engine):
+    x = torch.randint(0, MODEL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(engine.global_steps))
+    _, loss = engine(x, x)
+    engine.backward(loss)
+    engine.step()
+    return loss.item()
+
+
+@pytest.fixture(scope="module")
+def muon_engine(single_rank_group):
+    return build(MUON)
+
+
+def test_muon_steps_the_block_matrices_and_adam_the_embeddings_head_and_vectors(muon_engine):
+    tagged = {name for name, p in muon_engine.module.named_parameters() if p.use_muon}
+    assert tagged == {f"transformer.h.{i}.{name}.weight" for i in range(MODEL.n_layer)
+                      for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    groups = muon_engine.optimizer.param_groups
+    assert [(g["name"], g["use_muon"], g["weight_decay"]) for g in groups] == [
+        ("group0-muon-params", True, 0.1), ("group0-adam-params", False, 0.1), ("group1-adam-params", False, 0.0)]
+    assert muon_engine.gradient_clipping() == 0.0  # DeepSpeed's default 1.0 pinned to 0 for Muon
+
+
+def test_the_schedule_scales_each_half_from_its_own_peak(muon_engine):
+    """Warmup from step 0: each group's lr is its peak (muon_lr 0.02, --lr 3e-3) times the same factor."""
+    factor = OPTIMIZER.lr_factor(muon_engine.lr_scheduler.last_epoch)
+    assert [g["lr"] for g in muon_engine.optimizer.param_groups] == pytest.approx(
+        [0.02 * factor, 3e-3 * factor, 3e-3 * factor], rel=1e-12)
+    assert muon.lr_flag_lr(muon_engine) == pytest.approx(3e-3 * factor)
+    assert muon.base_lrs(muon_engine, 1e-3) == [0.02, 1e-3, 1e-3]
+
+
+def test_a_resume_applies_muons_settings_by_group_and_says_only_what_changed(muon_engine):
+    assert ds_engine.reapply_run_settings(muon_engine, 0.1) == []  # nothing changed: nothing said
+    params = muon_engine.optimizer_params()
+    saved = dict(params)
+    try:
+        params.update(momentum=0.9, muon_lr=0.01, eps=1e-10)
+        lines = ds_engine.reapply_run_settings(muon_engine, 0.0)
+    finally:
+        params.clear(), params.update(saved)
+    assert lines == ["--weight_decay 0.0 applied (the checkpoint's run had 0.1)",
+                     "optimizer.params.momentum 0.9 applied (the checkpoint's run had 0.95)",
+                     "optimizer.params.muon_lr 0.01 applied (the checkpoint's run had 0.02)",
+                     "optimizer.params.eps 1e-10 applied (the checkpoint's run had 1e-08)"]
+    groups = muon_engine.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.0, 0.0, 0.0] and groups[0]["momentum"] == 0.9
+    assert muon_engine.lr_scheduler.base_lrs[0] == 0.01
+    assert groups[0]["lr"] == pytest.approx(0.01 * OPTIMIZER.lr_factor(muon_engine.lr_scheduler.last_epoch))
+
+
+def test_the_norm_under_bf16_optimizer_is_the_gradients_as_adamws_and_zero2s_is_named_update_norm(single_rank_group):
+    """Same weights and batch at step 0: Muon's norm under BF16_Optimizer equals AdamW's gradient norm; under ZeRO 2
+    DeepSpeed measures Muon's update, which the log calls update_norm."""
+    norms = {}
+    for name in ("zero1_bf16.json", "zero1_bf16_muon.json", "zero2_bf16_muon.json"):
+        engine = build(shipped(name))
+        step(engine)
+        norms[name] = (muon.norm_name(engine), float(engine.get_global_grad_norm()))
+    assert norms["zero1_bf16_muon.json"][0] == norms["zero1_bf16.json"][0] == "grad_norm"
+    assert norms["zero1_bf16_muon.json"][1] == pytest.approx(norms["zero1_bf16.json"][1], abs=1e-3)
+    assert norms["zero2_bf16_muon.json"][0] == "update_norm"
