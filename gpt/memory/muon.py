@@ -13,13 +13,10 @@ where Adam has two moments; where that buffer lives depends on the ZeRO optimize
 
 import copy
 
+from gpt.config.muon_checks import uses_muon
+
 # DeepSpeed pads each flat parameter group to a multiple of this times the ranks (nccl_start_alignment_factor)
 ALIGNMENT = 2
-
-
-def uses_muon(ds_config):
-    """Whether the DeepSpeed JSON names Muon as its optimizer (DeepSpeed matches the type case-insensitively)."""
-    return str(((ds_config or {}).get("optimizer") or {}).get("type", "")).lower() == "muon"
 
 
 def muon_twin(ds_config):
@@ -32,19 +29,14 @@ def muon_twin(ds_config):
     return twin
 
 
-def optimizer_name(ds_config):
+def optimizer_of(ds_config):
     """The optimizer a JSON trains with, as a plan names it: its optimizer block's type, AdamW without one."""
     return "Muon" if uses_muon(ds_config) else str(((ds_config or {}).get("optimizer") or {}).get("type", "AdamW"))
 
 
-def muon_matrices(model):
-    """The parameters the trainer puts on Muon: each transformer block's weight matrices, in the model's order."""
-    return [p for block in model.transformer.h for p in block.parameters() if p.dim() >= 2]
-
-
 def muon_matrix_shapes(config):
-    """The shapes of muon_matrices for a GPTConfig, in the model's order (attention's fused qkv and projection, the
-    MLP's two)."""
+    """The shapes of the matrices the trainer puts on Muon (gpt.train.muon.block_matrices) for a GPTConfig, in the
+    model's order: per block, attention's fused qkv and projection, the MLP's two."""
     h = config.n_embd
     return [(3 * h, h), (h, h), (4 * h, h), (h, 4 * h)] * config.n_layer
 

@@ -30,7 +30,7 @@ from gpt.config import ds_config as dsc
 from gpt.console import BadInput
 from gpt.model.loss import CHUNK_ROWS
 from gpt.memory.footprint import measure_loss_chunk_bytes, measure_step_bytes
-from gpt.memory.muon import muon_optimizer_state_bytes, optimizer_name, uses_muon
+from gpt.memory.muon import muon_optimizer_state_bytes, optimizer_of, uses_muon
 from gpt.model.model import GPTConfig, param_count
 
 MiB, GiB = 2**20, 2**30
@@ -224,7 +224,7 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
     return {"max_micro_batch": low, "micro_batch": micro,
             "grad_accum": total_batch_tokens // (micro * per_micro_step) if micro else None,
             "total_bytes": sum(chosen.values()), "gpu_bytes": device_bytes, "bytes": chosen,
-            "n_params": n_params, "optimizer": optimizer_name(ds_config), "precision": precision, "zero_stage": stage,
+            "n_params": n_params, "optimizer": optimizer_of(ds_config), "precision": precision, "zero_stage": stage,
             "checkpointing": checkpointing,
             "loss": loss, "allocator": allocator, "compiled": compiled and allocator != "cpu", "world_size": world_size,
             "seq_len": seq_len}

@@ -1,14 +1,13 @@
 """Run by tests/integration/test_plan_runs.py on 2 ranks (in the shared launch of conftest's two_rank_runs): for each setting named
-on the command line (config:stage:precision, or config:stage:precision:muon for the JSON with DeepSpeed's Muon as
-its optimizer, the block matrices tagged for Muon and the rest for its Adam), build a real engine, take two steps, and write (as JSON, each rank to
-<out_dir>/engine_memory_rank<R>.json) the bytes of every tensor the module and the optimizer own, deduplicated by
-storage, next to the planner's resident model states for the same setting."""
+on the command line (config:stage:precision, or config:stage:precision:muon for that JSON with DeepSpeed's Muon as
+its optimizer, the parameters split between Muon and its Adam as the trainer splits them), build a real engine, take
+two steps, and write (as JSON, each rank to <out_dir>/engine_memory_rank<R>.json) the bytes of every tensor the
+module and the optimizer own, deduplicated by storage, next to the planner's resident model states for the same
+setting."""
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
-import deepspeed
 import torch
 
 from gpt.runtime import ranks
@@ -16,7 +15,7 @@ from gpt.train import engine as ds_engine
 from gpt.config.ds_config import precision
 from gpt.model.model import GPT, GPTConfig
 from gpt.memory.footprint import engine_state_bytes
-from gpt.memory.muon import muon_matrices, muon_matrix_shapes, muon_twin
+from gpt.memory.muon import muon_matrix_shapes, muon_twin
 from gpt.memory.plan import resident_model_state_bytes
 from gpt.train.engine import OptimizerSettings
 
@@ -33,8 +32,7 @@ def measure(config_path, stage, fp32, device, muon=False):
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=1024))
     n_params = model.num_params()
     optimizer = OptimizerSettings(lr=1e-3, weight_decay=0.1, warmup_steps=1, max_steps=10, min_lr_ratio=0.1)
-    with muon_tags_of_the_plan(model):
-        engine = ds_engine.initialize(model, config, micro_batch=2, grad_accum=1, optimizer=optimizer)
+    engine = ds_engine.initialize(model, config, micro_batch=2, grad_accum=1, optimizer=optimizer)
     for _ in range(2):
         x = torch.randint(0, 1024, (2, 16), device=device)
         _, loss = engine(x, x)
@@ -43,29 +41,11 @@ def measure(config_path, stage, fp32, device, muon=False):
     planned = resident_model_state_bytes(n_params, precision(config), stage, world, config, model.config)
     report = {"setting": f"{config_path}:{stage}:{'fp32' if fp32 else precision(config)}" + (":muon" if muon else ""),
               "rank": ranks.rank(), "optimizer": type(engine.optimizer).__name__, "owned": engine_state_bytes(engine),
-              "planned": planned, "muon_shapes": [list(p.shape) for p in model.parameters() if getattr(p, "use_muon", False)],
+              "planned": planned,
+              "muon_shapes": [list(p.shape) for p in model.parameters() if getattr(p, "use_muon", False)],
               "planned_muon_shapes": [list(shape) for shape in muon_matrix_shapes(model.config)]}
     engine.destroy()
     return report
-
-
-@contextlib.contextmanager
-def muon_tags_of_the_plan(model):
-    """deepspeed.initialize tags parameters for Muon by their names; retag them as the planner counts them (its
-    block matrices on Muon, all else on Adam) right after, before the optimizer is built."""
-    original = deepspeed.set_optimizer_flags
-
-    def set_flags(config_class, module):
-        original(config_class, module)
-        muon = {id(p) for p in muon_matrices(model)}
-        for parameter in module.parameters():
-            parameter.use_muon = id(parameter) in muon
-
-    deepspeed.set_optimizer_flags = set_flags
-    try:
-        yield
-    finally:
-        deepspeed.set_optimizer_flags = original
 
 
 def main(argv=None):

@@ -1,13 +1,16 @@
 """The planner under DeepSpeed's Muon (gpt/memory/muon.py): which parameters are Muon's, the momentum it keeps per ZeRO
 optimizer, and a plan that names its optimizer. (The bytes real 2-rank Muon engines hold:
 tests/integration/test_plan_runs.py.)"""
+import json
+
 import pytest
 
 from common import REPO
 from gpt.config.ds_config import load as load_ds_config
-from gpt.memory.muon import muon_matrices, muon_matrix_shapes, muon_twin, overlapping_elements
-from gpt.memory.plan import GiB, format_plan, make_plan, model_state_bytes
+from gpt.memory.muon import muon_matrix_shapes, muon_twin, overlapping_elements
+from gpt.memory.plan import MODEL_STATE_PARTS, GiB, format_plan, make_plan, model_state_bytes
 from gpt.model.model import GPT, PRESETS, GPTConfig, param_count
+from gpt.train.muon import block_matrices
 
 
 def with_muon(name):
@@ -17,9 +20,9 @@ def with_muon(name):
 def test_muon_has_the_block_matrices_and_adam_the_embeddings_head_and_1d_parameters():
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=128)
     model = GPT(config)
-    muon = muon_matrices(model)
-    assert [tuple(p.shape) for p in muon] == muon_matrix_shapes(config)
-    adam = {name for name, p in model.named_parameters() if all(p is not q for q in muon)}
+    chosen = block_matrices(model)
+    assert [tuple(p.shape) for p in model.parameters() if id(p) in chosen] == muon_matrix_shapes(config)
+    adam = {name for name, p in model.named_parameters() if id(p) not in chosen}
     assert {name for name in adam if model.get_parameter(name).dim() >= 2} == {"transformer.wte.weight",
                                                                                "transformer.wpe.weight"}
     assert model.lm_head.weight is model.transformer.wte.weight  # the tied head is wte: Adam's
@@ -61,3 +64,14 @@ def test_a_plan_names_its_optimizer_and_muon_holds_less_on_a_v100():
     assert "124M parameters, Muon, fp16, ZeRO 1" in format_plan(muon, "d12")
     assert muon["bytes"]["optimizer_states"] < adamw["bytes"]["optimizer_states"]
     assert muon["max_micro_batch"] >= adamw["max_micro_batch"]
+
+
+def test_gpt_plan_gives_muon_and_adamw_different_model_states(capsys):
+    from gpt.commands.plan import main
+
+    main(["--model", "d12", "--gpu", "v100-32gb", "--world_size", "8", "--json", "--ds_config",
+          "ds_configs/zero2_fp16.json", "ds_configs/zero2_fp16_muon.json"])
+    adamw, muon = json.loads(capsys.readouterr().out)
+    assert (adamw["optimizer"], muon["optimizer"]) == ("AdamW", "Muon")
+    states = [sum(plan["bytes"][k] for k in MODEL_STATE_PARTS if k in plan["bytes"]) for plan in (adamw, muon)]
+    assert states[0] - states[1] == adamw["bytes"]["optimizer_states"] - muon["bytes"]["optimizer_states"] > 0
