@@ -6,6 +6,7 @@ and each Muon run's row says at which step it first reached it and the tokens th
 process. One rank in this process: the demo's 2 ranks x micro-batch 4 become micro-batch 4 x 2 accumulation steps,
 the same tokens per step."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -74,16 +75,29 @@ def steps_to(target, points):
     return next((step for step, loss in points if loss <= target), None)
 
 
+def by_closeness(lrs):
+    """lrs from the middle one outwards (on a log scale, the larger first): a run cut short has the most telling
+    curves."""
+    middle = sorted(lrs)[len(lrs) // 2]
+    return sorted(lrs, key=lambda lr: (round(abs(math.log(lr / middle)), 6), -lr))
+
+
 def shape_rows(data, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr):
-    """The rows of one shape (every AdamW lr, then every Muon muon_lr) and their curves."""
+    """The rows of one shape, AdamW's and Muon's runs alternating from the middle of each sweep outwards; each
+    curve printed as it ends (a run cut short keeps them), the table's rows once the target is known."""
     adamw_json, muon_json = CONFIGS[dtype]
-    runs = [("AdamW", lr, config_with(tmp, adamw_json, i), lr) for i, lr in enumerate(adamw_lrs)]
-    runs += [("Muon", muon_lr, config_with(tmp, muon_json, i, muon_lr), adam_lr) for i, muon_lr in enumerate(muon_lrs)]
-    curves = [curve(settings_for(data, Path(tmp) / f"muon_{shape['name']}_{i}", config, shape, lr))
-              for i, (_, _, config, lr) in enumerate(runs)]
+    adamw = [("AdamW", lr, adamw_json, None, lr) for lr in by_closeness(adamw_lrs)]
+    muon = [("Muon", muon_lr, muon_json, muon_lr, adam_lr) for muon_lr in by_closeness(muon_lrs)]
+    runs = [run for pair in zip(adamw, muon) for run in pair] + adamw[len(muon):] + muon[len(adamw):]
+    curves = []
+    for i, (optimizer, lr, name, muon_lr, flag_lr) in enumerate(runs):
+        out_dir = Path(tmp) / f"muon_{shape['steps']}_{shape.get('n_layer', 0)}_{i}"
+        curves.append(curve(settings_for(data, out_dir, config_with(tmp, name, i, muon_lr), shape, flag_lr)))
+        print(f"curve: {shape['name']}, {optimizer} {lr:g}: " + " ".join(f"{s}:{v:.4f}" for s, v in curves[-1]),
+              flush=True)
     target = min(points[-1][1] for (optimizer, *_), points in zip(runs, curves) if optimizer == "AdamW")
     rows = []
-    for (optimizer, lr, _, _), points in zip(runs, curves):
+    for (optimizer, lr, *_), points in zip(runs, curves):
         reached = steps_to(target, points)
         rows.append(dict(shape=shape["name"], optimizer=optimizer, lr=lr, final_val=points[-1][1], target=target,
                          steps_to_target=reached, step_ratio=None, curve=points,
@@ -108,10 +122,11 @@ def step_time_row(data, tmp, shape, dtype, repeats):
 
 
 def measure(data, tmp, dtype, shapes, adamw_lrs, muon_lrs, adam_lr, corpus_kind, repeats, chart=None):
-    """Every shape's rows, then the step-time row at the first shape; the curves drawn to chart (a PNG) if given."""
+    """The step-time row at the first shape, then every shape's rows; the curves drawn to chart (a PNG) if given."""
     text = corpus(tmp, corpus_kind, data)
+    timing = step_time_row(data, tmp, shapes[0], dtype, repeats)
     rows = [row for shape in shapes for row in shape_rows(text, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr)]
-    rows.append(step_time_row(data, tmp, shapes[0], dtype, repeats))
+    rows.append(timing)
     if chart:
         draw(rows, chart)
     return rows
