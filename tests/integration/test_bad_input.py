@@ -272,7 +272,7 @@ TRAIN_CASES = [
     (lambda t: ["--ds_config", ds_json(t, zero_optimization=None, zero_optimisation=ZERO)],
      "error: {path}: unknown key 'zero_optimisation' (did you mean 'zero_optimization'?)"),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "type": "AdamWW"})],
-     'error: {path}: optimizer.type "AdamWW": this trainer runs AdamW or Adam'),
+     'error: {path}: optimizer.type "AdamWW": this trainer runs AdamW, Adam or Muon'),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"betas": [0.9, 1.5]}})],
      "error: {path}: optimizer.params.betas [0.9, 1.5] must be two numbers in [0, 1)"),
     (lambda t: ["--ds_config", ds_json(t, gradient_clipping=-1)],
