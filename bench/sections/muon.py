@@ -82,9 +82,10 @@ def by_closeness(lrs):
     return sorted(lrs, key=lambda lr: (round(abs(math.log(lr / middle)), 6), -lr))
 
 
-def shape_rows(data, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr):
-    """The rows of one shape, AdamW's and Muon's runs alternating from the middle of each sweep outwards; each
-    curve printed as it ends (a run cut short keeps them), the table's rows once the target is known."""
+def shape_rows(data, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr, redraw=lambda rows: None):
+    """The rows of one shape, AdamW's and Muon's runs alternating from the middle of each sweep outwards. Each curve
+    is printed as it ends and redraw(the rows so far) called, so that a run cut short keeps its curves and chart;
+    the table's rows are printed once every curve is in."""
     adamw_json, muon_json = CONFIGS[dtype]
     adamw = [("AdamW", lr, adamw_json, None, lr) for lr in by_closeness(adamw_lrs)]
     muon = [("Muon", muon_lr, muon_json, muon_lr, adam_lr) for muon_lr in by_closeness(muon_lrs)]
@@ -95,14 +96,23 @@ def shape_rows(data, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr):
         curves.append(curve(settings_for(data, out_dir, config_with(tmp, name, i, muon_lr), shape, flag_lr)))
         print(f"curve: {shape['name']}, {optimizer} {lr:g}: " + " ".join(f"{s}:{v:.4f}" for s, v in curves[-1]),
               flush=True)
-    target = min(points[-1][1] for (optimizer, *_), points in zip(runs, curves) if optimizer == "AdamW")
-    rows = []
-    for (optimizer, lr, *_), points in zip(runs, curves):
-        reached = steps_to(target, points)
+        redraw(rows_of(shape, [(optimizer, lr) for optimizer, lr, *_ in runs], curves))
+    rows = rows_of(shape, [(optimizer, lr) for optimizer, lr, *_ in runs], curves)
+    for row in rows:
+        print_row(row, COLUMNS)
+    return rows
+
+
+def rows_of(shape, runs, curves):
+    """The table's rows of the curves ended so far (runs: (optimizer, lr) in the order they ran): the target is the
+    best final validation loss among AdamW's (None before the first)."""
+    finals = [points[-1][1] for (optimizer, _), points in zip(runs, curves) if optimizer == "AdamW"]
+    target, rows = min(finals, default=None), []
+    for (optimizer, lr), points in zip(runs, curves):
+        reached = None if target is None else steps_to(target, points)
         rows.append(dict(shape=shape["name"], optimizer=optimizer, lr=lr, final_val=points[-1][1], target=target,
                          steps_to_target=reached, step_ratio=None, curve=points,
                          tokens_vs_adamw=None if reached is None else (reached + 1) / shape["steps"]))
-        print_row(rows[-1], COLUMNS)
     return rows
 
 
@@ -124,12 +134,14 @@ def step_time_row(data, tmp, shape, dtype, repeats):
 def measure(data, tmp, dtype, shapes, adamw_lrs, muon_lrs, adam_lr, corpus_kind, repeats, chart=None):
     """The step-time row at the first shape, then every shape's rows; the curves drawn to chart (a PNG) if given."""
     text = corpus(tmp, corpus_kind, data)
-    timing = step_time_row(data, tmp, shapes[0], dtype, repeats)
-    rows = [row for shape in shapes for row in shape_rows(text, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr)]
-    rows.append(timing)
-    if chart:
-        draw(rows, chart)
-    return rows
+    rows = [step_time_row(data, tmp, shapes[0], dtype, repeats)]
+
+    def redraw(shape_so_far):
+        if chart:
+            draw(rows + shape_so_far, chart)
+    for shape in shapes:
+        rows += shape_rows(text, tmp, shape, dtype, adamw_lrs, muon_lrs, adam_lr, redraw)
+    return rows[1:] + rows[:1]  # the step-time row last
 
 
 def draw(rows, path):
@@ -144,15 +156,17 @@ def draw(rows, path):
     for ax, shape in zip(axes[0], shapes):
         runs = [r for r in rows if r["shape"] == shape and r.get("curve")]
         for optimizer, colours in (("AdamW", plt.cm.Blues), ("Muon", plt.cm.Reds)):
-            mine = [r for r in runs if r["optimizer"] == optimizer]
+            mine = sorted((r for r in runs if r["optimizer"] == optimizer), key=lambda r: r["lr"])
             for i, r in enumerate(mine):
                 steps, losses = zip(*r["curve"])
                 label = f"{optimizer} {'lr' if optimizer == 'AdamW' else 'muon_lr'} {r['lr']:g}"
                 ax.plot(steps, losses, color=colours(0.45 + 0.5 * i / max(1, len(mine) - 1)), label=label)
-        ax.axhline(runs[0]["target"], color="grey", linestyle=":", label="AdamW's best final")
+        if runs[0]["target"] is not None:
+            ax.axhline(runs[0]["target"], color="grey", linestyle=":", label="AdamW's best final")
         ax.set_title(f"{shape}: validation loss")
         ax.set_xlabel("step")
-        ax.set_ylim(top=min(max(l for r in runs for _, l in r["curve"]), runs[0]["target"] + 1.5))
+        if runs[0]["target"] is not None:  # the start's steep fall would flatten the end, where they part
+            ax.set_ylim(top=runs[0]["target"] + 1.5)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
