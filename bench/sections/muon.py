@@ -78,7 +78,7 @@ def steps_to(target, points):
 def by_closeness(lrs):
     """lrs from the middle one outwards (on a log scale, the larger first): a run cut short has the most telling
     curves."""
-    middle = sorted(lrs)[len(lrs) // 2]
+    middle = sorted(lrs)[len(lrs) // 2] if lrs else 1.0
     return sorted(lrs, key=lambda lr: (round(abs(math.log(lr / middle)), 6), -lr))
 
 
