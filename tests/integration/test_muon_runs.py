@@ -1,7 +1,8 @@
 """DeepSpeed's Muon through train_ds.py: a run stopped after step 2 and resumed gives the uninterrupted losses to the
 last bit on CPU, under DeepSpeedZeroOptimizer (ZeRO 2, fp32, 2 ranks) and BF16_Optimizer (ZeRO 1, bf16, 1 rank with
-gradient accumulation), with the norm named for what it is and no run setting said changed; a Muon checkpoint is
-refused under an AdamW JSON, and on another world size (DeepSpeed's universal form carries no Muon momentum).
+gradient accumulation), with the norm named for what it is and no run setting said changed; on 2 ranks under
+BF16_Optimizer the step-0 grad_norm is AdamW's; a Muon checkpoint is refused under an AdamW JSON, and on another world
+size (DeepSpeed's universal form carries no Muon momentum).
 (Checks, tagging, the schedule of both halves, the step-0 norm against AdamW's: tests/unit/test_muon.py.)"""
 import pytest
 
@@ -21,6 +22,10 @@ TWO_RANK_RUNS = {
     "muon_whole": two_rank_run("--data", "{small_vocab_dir}", *FLAGS, ds_config=dict(base="zero2_fp32_muon.json")),
     "muon_resumed": two_rank_run("--data", "{small_vocab_dir}", *resume_flags("{runs}", "muon_whole"),
                                  ds_config=dict(base="zero2_fp32_muon.json")),
+    "muon_zero1_bf16": two_rank_run("--data", "{small_vocab_dir}", *FLAGS, "--max_steps", "2",
+                                    ds_config=dict(base="zero1_bf16_muon.json")),
+    "adamw_zero1_bf16": two_rank_run("--data", "{small_vocab_dir}", *FLAGS, "--max_steps", "2",
+                                     ds_config=dict(base="zero1_bf16.json")),
 }
 
 
@@ -47,6 +52,17 @@ def test_a_muon_run_resumed_gives_the_uninterrupted_losses_bit_for_bit(tmp_path,
     assert sorted(resumed_losses) == [3, 4, 5]
     assert resumed_losses == {step: losses[step] for step in (3, 4, 5)}
     assert all("grad_norm" not in r for r in whole) if norm == "update_norm" else True
+
+
+@pytest.mark.two_rank_runs(TWO_RANK_RUNS)
+def test_on_2_ranks_muons_grad_norm_under_bf16_optimizer_is_adamws_at_step_0(two_rank_runs):
+    """Same weights, batch and loss at step 0: the gradient's norm, whichever optimizer steps after it."""
+    (muon_records, muon_proc), (adamw_records, _) = (succeeded(two_rank_runs[name])
+                                                     for name in ("muon_zero1_bf16", "adamw_zero1_bf16"))
+    assert "BF16_Optimizer over MuonWithAuxAdam" in muon_proc.stdout
+    muon_step, adamw_step = (next(r for r in records if "loss" in r) for records in (muon_records, adamw_records))
+    assert muon_step["loss"] == adamw_step["loss"]
+    assert muon_step["grad_norm"] == pytest.approx(adamw_step["grad_norm"], abs=1e-3)
 
 
 @pytest.mark.two_rank_runs(TWO_RANK_RUNS)
