@@ -1,6 +1,7 @@
 """How large can batches grow: the planner's table (and chart) for GPT-2 sizes on a 32 GB V100 and an
 80 GB A800/H800, ZeRO-1/2, activation checkpointing off/on, the classic and the fused loss, seq_len 1024,
-8 GPUs, 524288 tokens/step, the trainer's allocator setting (expandable segments).
+8 GPUs, 524288 tokens/step, the trainer's allocator setting (expandable segments); and AdamW against DeepSpeed's
+Muon on the same JSONs (model states per GPU, the largest micro-batch).
 
     python bench/batch_report.py --chart docs/batch_growth.png      # prints docs/memory.md's markdown table
                                                                     # and the targets for d12
@@ -16,7 +17,8 @@ from gpt.console import BadInput
 from gpt.config.ds_config import load as load_ds_config
 from gpt.model.loss import LOSSES
 from gpt.model.model import PRESETS
-from gpt.memory.plan import GPUS, GiB, make_plan, per_token_bytes
+from gpt.memory.muon import muon_twin
+from gpt.memory.plan import GPUS, MODEL_STATE_PARTS, GiB, make_plan, per_token_bytes
 from gpt.config.settings import GPT3_TOKENS_PER_STEP
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +53,36 @@ def markdown(table):
         fits = f"{fused['micro_batch']} × {fused['grad_accum']}" if fused["micro_batch"] else "does not fit"
         lines.append(f"| {r['model']} ({r['size']}) | {r['gpu']} | {r['stage']} | {'on' if r['checkpointing'] else 'off'} "
                      f"| {r['classic']['max_micro_batch'] or '—'} | {fused['max_micro_batch'] or '—'} | {fits} |")
+    return "\n".join(lines)
+
+
+def muon_rows(world_size=8, seq_len=1024, total_batch_tokens=GPT3_TOKENS_PER_STEP):
+    """AdamW and Muon on each JSON without checkpointing, fused loss: (model, size, GPU, stage, {optimizer: plan})."""
+    for model, size in MODELS:
+        for gpu_label, gpu, precision in SETUPS:
+            for stage in (1, 2):
+                adamw = load_ds_config(REPO / "ds_configs" / f"zero{stage}_{precision}.json")
+                plans = {}
+                for optimizer, ds_config in (("AdamW", adamw), ("Muon", muon_twin(adamw))):
+                    try:
+                        plans[optimizer] = make_plan(PRESETS[model], seq_len, ds_config, world_size, GPUS[gpu],
+                                                     total_batch_tokens)
+                    except BadInput:
+                        plans[optimizer] = None
+                yield model, size, gpu_label, stage, plans
+
+
+def muon_markdown(table):
+    lines = ["| model | GPU | ZeRO | model states per GPU, AdamW → Muon (GiB) | max micro-batch, AdamW → Muon |",
+             "|---|---|---|---|---|"]
+
+    def states(plan):
+        return f"{sum(plan['bytes'][k] for k in MODEL_STATE_PARTS if k in plan['bytes']) / GiB:.2f}" if plan else "—"
+
+    for model, size, gpu, stage, plans in table:
+        adamw, muon = plans["AdamW"], plans["Muon"]
+        lines.append(f"| {model} ({size}) | {gpu} | {stage} | {states(adamw)} → {states(muon)} "
+                     f"| {adamw and adamw['max_micro_batch'] or '—'} → {muon and muon['max_micro_batch'] or '—'} |")
     return "\n".join(lines)
 
 
@@ -98,6 +130,7 @@ def main():
     args = parser.parse_args()
     table = list(rows())
     print(markdown(table))
+    print("\nAdamW against Muon, checkpointing off, fused loss (planned)\n" + muon_markdown(list(muon_rows())))
     print("\nd12, 1 GPU, T=1024, fused loss, expandable segments (planned) | target")
     for what, planned, target, met in targets():
         print(f"  {what}: {planned} | {target} {'met' if met else 'MISSED'}")

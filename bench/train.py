@@ -23,6 +23,9 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
             (ABAB: the setting is process-global), eager; the median per-step dt from each run's metrics.jsonl
   optimizer which Adam the JSONs name: the trainer's step and the optimizer's own step with torch's AdamW (fused,
             foreach, per-tensor loop; through DeepSpeed's torch_adam) and DeepSpeed's FusedAdam, against the default
+  muon      DeepSpeed's Muon against AdamW (bench/sections/muon.py): per shape, AdamW at each lr and Muon at each
+            muon_lr from the same seed, data (Shakespeare) and batch; the steps and tokens Muon needs to reach AdamW's
+            final validation loss at its best lr; Muon's step time over AdamW's, interleaved. --chart draws the curves
   start     seconds from launching train_ds.py (2 ranks, the CPU demo's shape) to its first step with an empty
             torch extensions directory (cold) and again (warm); with --full also FusedAdam's, whose build cold pays
 
@@ -36,6 +39,8 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
     python bench/train.py --only optimizer start   # which Adam, and a cold start against a warm one (~2 min on CPU)
     python bench/train.py --smoke              # overhead, zero, ckpt once on the tiny model (tests/unit/test_bench.py)
     python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
+    python bench/train.py --only muon --chart docs/muon_curves.png  # Muon vs AdamW at the demo's shape (~10 min)
+    python bench/train.py --full --only muon --chart docs/muon_curves.png  # and d4 / 8 layers for 200 steps
     python bench/train.py --json bench.json    # also write the results as JSON (after each section)
 
 This file is the entry: the modes, the command line, the order of the sections. Each section is a module of
@@ -56,6 +61,7 @@ import sections.ckpt
 import sections.compile
 import sections.deterministic
 import sections.loss
+import sections.muon
 import sections.optimizer
 import sections.overhead
 import sections.speed
@@ -64,20 +70,30 @@ import sections.zero
 from harness import DEVICE, peaks_for, print_header, synthetic_shards, usable_dtypes
 from gpt.model.loss import kernel_for
 
-SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss", "speed", "deterministic", "optimizer", "start"]
+SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss", "speed", "deterministic", "optimizer", "start",
+            "muon"]
 CPU_ONLY_SECTIONS = {"zero", "allocator"}  # 2 ranks on one machine's cores; glibc's malloc
 # What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum), in `dtypes`, eager and,
 # where `overhead_compile` says so, compiled; zero, ckpt, allocator, compile (model, seq_len, micro_batch[, dtypes]);
 # loss, speed, deterministic: the keyword arguments of measure_loss, measure_speed, measure_deterministic (`repeats`
 # there overrides the mode's); `sections` run unless --only names others (`full_sections` with --full on a GPU).
-# On CPU `peak_max_size` bounds the measured matmul peak.
+# On CPU `peak_max_size` bounds the measured matmul peak. muon: sections.muon.measure's keyword arguments.
+# The CPU demo's shape (launch/cpu_demo.sh: d4, T=256, 2048 tokens/step, 60 steps, warmup 6, --lr 3e-3), validation
+# every 5 steps on its 16384 tokens; and two longer horizons, d4 and an 8-layer d4, 200 steps.
+DEMO = dict(name="demo d4 60 steps", model="d4", seq_len=256, micro_batch=4, grad_accum=2, steps=60, warmup=6,
+            val_every=5, val_tokens=16384)
+LONGER = [{**DEMO, "name": "d4 200 steps", "steps": 200, "warmup": 20, "val_every": 10},
+          {**DEMO, "name": "8 layers 200 steps", "n_layer": 8, "steps": 200, "warmup": 20, "val_every": 10}]
+# AdamW's sweep reaches below the demo's 3e-3: at its shape 1.5e-3 ended lower (6.37 against 6.49, 2026-11-29)
+MUON_LRS = dict(adamw_lrs=(7.5e-4, 1.5e-3, 3e-3, 6e-3), muon_lrs=(0.01, 0.02, 0.04), adam_lr=3e-3,
+                corpus_kind="shakespeare")
 MODES = {
     "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
                   ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8),
                   loss=dict(model="d4", seq_len=256, sequences=8, micro_batch=4, sweep_from=1, compile=False),
                   speed=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=2, compiles=(False,)),
                   deterministic=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=1, steps=6, rounds=2),
-                  optimizer=("d4", 256, 4), start=dict(rounds=2),
+                  optimizer=("d4", 256, 4), start=dict(rounds=2), muon=dict(shapes=[DEMO], **MUON_LRS),
                   repeats=4, peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
@@ -85,7 +101,8 @@ MODES = {
                  speed=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, compiles=(False, True)),
                  deterministic=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, steps=8, rounds=2),
                  optimizer=("d12", 256, 4), start=dict(rounds=3, fused_adam=True),
-                 repeats=6, peak_max_size=4096, sections=SECTIONS),
+                 muon=dict(shapes=[DEMO] + LONGER, **MUON_LRS), repeats=6, peak_max_size=4096,
+                 sections=SECTIONS[:-1]),  # the muon section (~1 h on 2 cores) only when named
     # each section's code path once on the tiny model, for tests/unit/test_bench.py: the figures mean nothing. loss, speed
     # and deterministic only when named with --only (a test of their own), and eager: compiling takes ~60 s on 2 cores
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
@@ -94,6 +111,9 @@ MODES = {
                   speed=dict(model="tiny", seq_len=64, micro_batch=2, grad_accum=2, compiles=(False,)),
                   deterministic=dict(model="tiny", seq_len=64, micro_batch=2, grad_accum=1, steps=3, rounds=1),
                   optimizer=("tiny", 64, 4), start=dict(rounds=1),
+                  muon=dict(shapes=[dict(name="tiny", model="tiny", seq_len=64, micro_batch=2, grad_accum=2, steps=4,
+                                         warmup=1, val_every=2, val_tokens=128)],
+                            adamw_lrs=(3e-3,), muon_lrs=(0.02,), adam_lr=3e-3, corpus_kind="synthetic"),
                   repeats=1, peak_max_size=256, sections=["overhead", "zero", "ckpt"]),
     # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
     # eager and compiled (0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step, 2026-11-22).
@@ -107,7 +127,7 @@ MODES = {
                           repeats=2),
                 speed=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=16, compiles=(True, False), repeats=3),
                 deterministic=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=4, steps=8, rounds=2),
-                optimizer=("d12", 1024, 32), start=dict(rounds=1, fused_adam=True),
+                optimizer=("d12", 1024, 32), start=dict(rounds=1, fused_adam=True), muon=dict(shapes=[DEMO], **MUON_LRS),
                 repeats=5, sections=["overhead"],
                 full_sections=["overhead", "ckpt", "compile", "loss", "speed", "deterministic", "optimizer", "start"]),
 }
@@ -120,6 +140,7 @@ def parse_args():
                         help="each section's code once on the tiny model (for tests): overhead, zero, ckpt "
                              "unless --only names others")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--chart", help="the muon section's validation curves, drawn here (a PNG)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
     parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"),
@@ -163,7 +184,7 @@ def main():
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
     with tempfile.TemporaryDirectory() as tmp:
-        runs = section_runs(settings, usable, synthetic_shards(Path(tmp)), tmp, results)
+        runs = section_runs(settings, usable, synthetic_shards(Path(tmp)), tmp, results, args.chart)
         save()
         for section in SECTIONS:
             if section in chosen:
@@ -192,9 +213,9 @@ def print_peaks(peaks):
           + ", ".join(f"{d} {p / 1e12:.3f} TFLOP/s" if p else f"{d} unknown" for d, p in peaks.items()))
 
 
-def section_runs(settings, usable, data, tmp, results):
+def section_runs(settings, usable, data, tmp, results, chart=None):
     """section -> (title, columns, what it adds to the results) in this mode's settings, in the order they run;
-    measures the matmul peaks first (into results)."""
+    measures the matmul peaks first (into results). chart: where the muon section draws its curves."""
     def only_usable(dtypes):  # a section meant for bf16 alone measures fp32 instead where bf16 is skipped
         return tuple(d for d in dtypes if d in usable) or ("fp32",)
     dtypes = only_usable(settings.get("dtypes", usable))
@@ -239,6 +260,8 @@ def section_runs(settings, usable, data, tmp, results):
             "optimizer": sections.optimizer.measure(data, tmp, *settings["optimizer"], dtypes, repeats)}),
         "start": (sections.start.TITLE, sections.start.COLUMNS,
                   lambda: {"start": sections.start.measure(data, tmp, dtypes[-1], **settings["start"])}),
+        "muon": (sections.muon.TITLE, sections.muon.COLUMNS, lambda: {"muon": sections.muon.measure(
+            data, tmp, dtypes[-1], repeats=repeats, chart=chart, **settings["muon"])}),
     }
 
 

@@ -30,6 +30,7 @@ from gpt.config import ds_config as dsc
 from gpt.console import BadInput
 from gpt.model.loss import CHUNK_ROWS
 from gpt.memory.footprint import measure_loss_chunk_bytes, measure_step_bytes
+from gpt.memory.muon import muon_optimizer_state_bytes, optimizer_of, uses_muon
 from gpt.model.model import GPTConfig, param_count
 
 MiB, GiB = 2**20, 2**30
@@ -74,8 +75,10 @@ def element_bytes(precision):
 
 
 # -- model states ----------------------------------------------------------------------------------
-def model_state_bytes(n_params, precision, stage, world_size, ds_config=None):
-    """Bytes per GPU of what DeepSpeed 0.19 keeps for parameters and the optimizer (AdamW).
+def model_state_bytes(n_params, precision, stage, world_size, ds_config=None, model_config=None):
+    """Bytes per GPU of what DeepSpeed 0.19 keeps for parameters and the optimizer: AdamW, or Muon when the JSON
+    names it and model_config (the GPTConfig) says which parameters are its matrices (gpt/memory/muon.py; without
+    model_config a Muon JSON is counted as AdamW, which holds at least as much).
 
     Half precision: 16-bit parameters and gradients, fp32 master weights, fp32 gradient partition
     (created at the step), two fp32 Adam moments; ZeRO-1 partitions the fp32 states, ZeRO-2 also the
@@ -99,6 +102,11 @@ def model_state_bytes(n_params, precision, stage, world_size, ds_config=None):
         parts["fp32_gradients"] = partition(4 * psi) if stage >= 1 else 0
         parts["master_weights"] = partition(4 * psi)
         parts["optimizer_states"] = partition(8 * psi)
+    if model_config is not None and uses_muon(ds_config):
+        # DeepSpeedZeroOptimizer's gradients arrive in the accumulation dtype at ZeRO 1, in the parameters' at ZeRO 2
+        optimizer = ("none" if stage == 0 else "bf16" if precision == "bf16" and stage == 1 and fp32_accumulation
+                     else 4 if stage == 1 and fp32_accumulation else e)
+        parts["optimizer_states"] = muon_optimizer_state_bytes(model_config, psi, stage, n, optimizer)
     parts["buckets"] = bucket_bytes(ds_config, precision, stage)
     return parts
 
@@ -174,7 +182,7 @@ def plan_bytes(config, n_params, batch, seq_len, precision, stage, world_size, d
     """A training step's peak device memory, by part: model states, activations with the loss's buffers,
     what the caching allocator reserves beyond that, and what lies outside PyTorch (context_bytes).
     compiled: whether the CUDA step is compiled; None on the CPU (allocator 'cpu')."""
-    parts = dict(model_state_bytes(n_params, precision, stage, world_size, ds_config))
+    parts = dict(model_state_bytes(n_params, precision, stage, world_size, ds_config, config))
     parts["activations_and_loss"] = step_bytes(config, batch, seq_len, precision, checkpointing, loss,
                                                None if allocator == "cpu" else bool(compiled))
     parts["allocator_overhead"] = ALLOCATOR_OVERHEAD[allocator] * sum(parts.values())
@@ -216,7 +224,8 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
     return {"max_micro_batch": low, "micro_batch": micro,
             "grad_accum": total_batch_tokens // (micro * per_micro_step) if micro else None,
             "total_bytes": sum(chosen.values()), "gpu_bytes": device_bytes, "bytes": chosen,
-            "n_params": n_params, "precision": precision, "zero_stage": stage, "checkpointing": checkpointing,
+            "n_params": n_params, "optimizer": optimizer_of(ds_config), "precision": precision, "zero_stage": stage,
+            "checkpointing": checkpointing,
             "loss": loss, "allocator": allocator, "compiled": compiled and allocator != "cpu", "world_size": world_size,
             "seq_len": seq_len}
 
@@ -224,10 +233,10 @@ def make_plan(config, seq_len, ds_config, world_size, device_bytes, total_batch_
 MODEL_STATE_PARTS = ("parameters", "gradients", "fp32_gradients", "master_weights", "optimizer_states", "buckets")
 
 
-def resident_model_state_bytes(n_params, precision, stage, world_size, ds_config):
+def resident_model_state_bytes(n_params, precision, stage, world_size, ds_config, model_config=None):
     """The model states that stay allocated between steps (gradients and ZeRO buckets exist only during
     backward and the step; BF16_Optimizer's fp32 gradient buffer stays)."""
-    parts = model_state_bytes(n_params, precision, stage, world_size, ds_config)
+    parts = model_state_bytes(n_params, precision, stage, world_size, ds_config, model_config)
     bf16_optimizer = precision == "bf16" and stage == 1 and "fp32_gradients" not in parts
     resident = ["parameters", "master_weights", "optimizer_states"] + (["gradients"] if bf16_optimizer else [])
     return sum(parts.get(name, 0) for name in resident)
@@ -280,7 +289,7 @@ def model_memory_problem(label, config, ds_config, world_size, device_type):
     label: the flags that chose the model."""
     n_params = param_count(config)
     precision, stage = dsc.precision(ds_config), dsc.zero_stage(ds_config)
-    need = sum(model_state_bytes(n_params, precision, stage, world_size, ds_config).values())
+    need = sum(model_state_bytes(n_params, precision, stage, world_size, ds_config, config).values())
     have, what = device_total_bytes(device_type)
     if need <= have:
         return None
@@ -303,7 +312,8 @@ def auto_micro_batch(config, seq_len, ds_config, world_size, total_batch_tokens,
 
 
 def format_plan(plan, label):
-    lines = [f"{label}: {plan['n_params'] / 1e6:.0f}M parameters, {plan['precision']}, ZeRO {plan['zero_stage']}, "
+    lines = [f"{label}: {plan['n_params'] / 1e6:.0f}M parameters, {plan['optimizer']}, {plan['precision']}, "
+             f"ZeRO {plan['zero_stage']}, "
              f"checkpointing {'on' if plan['checkpointing'] else 'off'}, {plan['loss']} loss"
              f"{'' if plan['allocator'] == 'cpu' else ', compiled' if plan['compiled'] else ', eager'}, "
              f"{plan['allocator']} allocator, {plan['world_size']} rank(s), seq_len {plan['seq_len']}"]

@@ -2,7 +2,7 @@
 the loss, speed and deterministic sections in a run of their own; on a GPU too: the first run in
 tests/integration/test_gpu.py, the second here) and what it measures is consistent: timings are not asserted
 (machines are noisy), byte counts are, and so are which rows run or are skipped and why. bench/checkpoint.py runs
-too, on the tiny model: its universal conversion figures."""
+too, on the tiny model: its universal conversion figures; and the muon section in a run of its own."""
 import json
 import os
 import subprocess
@@ -150,6 +150,26 @@ def test_bench_smoke_optimizer_and_start(background_runs):
     assert row["optimizer"] == "torch AdamW (default)" and row["built_ops"] == "none"
     assert row["cold_s"] > 0 and row["warm_s"] > 0
     assert row["cold_vs_warm"] == pytest.approx(row["cold_s"] / row["warm_s"])
+
+
+@pytest.mark.background_runs({"bench_smoke_muon": background_run(
+    *bench_smoke_command("--only", "muon", "--chart", "{out}/muon_curves.png"))})
+def test_bench_smoke_muon_against_adamw(background_runs):
+    """Muon against AdamW on the tiny model: each curve's validation points, the target (AdamW's final loss at its
+    best lr), the first step at or below it and its tokens as a fraction of AdamW's; the step-time ratio; the chart."""
+    results, stdout = bench_results(background_runs["bench_smoke_muon"])
+    assert "## Muon against AdamW" in stdout
+    *runs, timing = results["muon"]
+    assert [(r["optimizer"], r["lr"]) for r in runs] == [("AdamW", 3e-3), ("Muon", 0.02)]
+    for run in runs:
+        steps, losses = zip(*run["curve"])
+        assert steps == (0, 2, 3) and run["final_val"] == losses[-1] and run["target"] == runs[0]["final_val"]
+        reached = [step for step, loss in run["curve"] if loss <= run["target"]]
+        assert run["steps_to_target"] == (reached[0] if reached else None)
+        assert run["tokens_vs_adamw"] == (None if not reached else (reached[0] + 1) / 4)
+    assert timing["optimizer"] == "Muon / AdamW step time" and timing["step_ratio"] == timing["muon_s"] / timing["adamw_s"]
+    chart = Path(background_runs["bench_smoke_muon"].args[-1]).parent / "muon_curves.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

@@ -16,21 +16,33 @@ from gpt.memory.plan import per_token_bytes, step_bytes
 
 ENGINE_SETTINGS = ["zero1_bf16.json:0:fp32", "zero1_bf16.json:1:fp32", "zero1_bf16.json:2:fp32", "zero1_bf16.json:1:bf16",
                    "zero2_bf16.json:2:bf16", "zero1_fp16.json:1:fp16"]
+# The same JSONs with DeepSpeed's Muon: MuonWithAuxAdam's own step (ZeRO 0), BF16_Optimizer, DeepSpeedZeroOptimizer
+# at ZeRO 1 (fp32, fp16) and 2 (bf16); on these ranks a Muon matrix straddles the partition boundary.
+MUON_SETTINGS = ["zero1_bf16.json:0:fp32:muon", "zero1_bf16.json:1:fp32:muon", "zero1_bf16.json:1:bf16:muon",
+                 "zero2_bf16.json:2:bf16:muon", "zero1_fp16.json:1:fp16:muon"]
 
 
-@pytest.mark.two_rank_runs({"engine_memory": two_rank_run(*(f"ds_configs/{setting}" for setting in ENGINE_SETTINGS),
+@pytest.mark.two_rank_runs({"engine_memory": two_rank_run(*(f"ds_configs/{setting}" for setting in ENGINE_SETTINGS
+                                                             + MUON_SETTINGS),
                                                            script="tests/integration/engine_memory.py")})
 def test_resident_model_states_equal_what_a_two_rank_engine_holds(two_rank_runs):
-    """ZeRO 0/1/2 in fp32, bf16 (BF16_Optimizer and ZeRO-2) and fp16, on 2 ranks (tests/integration/engine_memory.py)."""
+    """ZeRO 0/1/2 in fp32, bf16 (BF16_Optimizer and ZeRO-2) and fp16, AdamW and Muon, on 2 ranks
+    (tests/integration/engine_memory.py). The plan is per GPU: the rank that holds the most."""
     _, proc = succeeded(two_rank_runs["engine_memory"])
     reports = [report for rank in (0, 1)
                for report in json.loads((out_dir_of(proc) / f"engine_memory_rank{rank}.json").read_text())]
-    assert sorted(r["setting"] for r in reports) == sorted(f"ds_configs/{s}" for s in 2 * ENGINE_SETTINGS), \
+    assert sorted(r["setting"] for r in reports) == sorted(f"ds_configs/{s}" for s in 2 * (ENGINE_SETTINGS + MUON_SETTINGS)), \
         proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert {r["optimizer"] for r in reports} >= {"BF16_Optimizer", "DeepSpeedZeroOptimizer"}
-    for report in reports:
+    assert {r["optimizer"] for r in reports} >= {"BF16_Optimizer", "DeepSpeedZeroOptimizer", "MuonWithAuxAdam"}
+    for setting in {r["setting"] for r in reports}:
+        both = [r for r in reports if r["setting"] == setting]
         # equal to the byte but for the optimizer's own scalars (grad-norm and overflow flags, 4 bytes each)
-        assert 0 <= report["owned"] - report["planned"] <= 16, report
+        assert 0 <= max(r["owned"] for r in both) - both[0]["planned"] <= 16, both
+        assert all(r["owned"] - r["planned"] <= 16 for r in both), both
+    # the planner's Muon matrices are the ones the engine ran Muon on
+    assert all(r["muon_shapes"] == r["planned_muon_shapes"] for r in reports if r["setting"].endswith(":muon"))
+    straddled = [r for r in reports if r["setting"].endswith("1:fp32:muon")]
+    assert straddled[0]["owned"] != straddled[1]["owned"], straddled
 
 
 UNSEEN = GPTConfig(n_layer=3, n_head=3, n_embd=192, block_size=40, vocab_size=2000)
@@ -84,6 +96,8 @@ def test_readme_table_and_chart_are_what_the_report_gives(tmp_path):
     table = list(report.rows())
     markdown = report.markdown(table)
     assert markdown.count("\n") == 33 and markdown in (REPO / "docs" / "memory.md").read_text()
+    muon = report.muon_markdown(list(report.muon_rows()))
+    assert muon.count("\n") == 17 and muon in (REPO / "docs" / "memory.md").read_text()
     assert all(met for *_, met in report.targets()), report.targets()  # docs/memory.md's planned targets for d12
     report.chart(table, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
