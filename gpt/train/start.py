@@ -430,7 +430,7 @@ def out_of_memory_message(setup, error):
     states need per rank (the planner's count), what to do, and the allocator's own first line."""
     n_params = param_count(setup.model_config)
     need = sum(model_state_bytes(n_params, dsc.precision(setup.ds_config), dsc.zero_stage(setup.ds_config),
-                                 ranks.world_size(), setup.ds_config).values())
+                                 ranks.world_size(), setup.ds_config, setup.model_config).values())
     reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
     return (f"out of memory building the model and its DeepSpeed engine ({model_flags(setup.settings)}: "
             f"{n_params:.3g} parameters, whose weights, gradients and optimizer states need {need / GiB:,.1f} GiB per "
