@@ -182,11 +182,6 @@ def test_a_resume_turns_amsgrad_on_and_drops_clipping_for_compute_grad_norm_fals
                                            saved["base_optimizer_state"]["state"].values())
 
 
-def started_with(signum, disposition):
-    """A child whose `signum` starts as `disposition`, whatever pytest's own is (under nohup SIGHUP is ignored)."""
-    return lambda: signal.signal(signum, disposition)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir, signum):
@@ -194,7 +189,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
            "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=started_with(signum, signal.SIG_DFL))
+                            preexec_fn=default_signals)
     for line in proc.stdout:
         if line.startswith("step     3/"):
             proc.send_signal(signum)
@@ -216,7 +211,7 @@ def test_a_run_started_under_nohup_trains_on_through_sighup(tmp_path, small_voca
     cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "12", "--total_batch_tokens", "512",
            "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=started_with(signal.SIGHUP, signal.SIG_IGN))
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup starts it
     for line in proc.stdout:
         if line.startswith("step     3/"):
             proc.send_signal(signal.SIGHUP)
