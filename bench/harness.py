@@ -147,7 +147,8 @@ class TrainerSteps:
 class PlainPyTorch:
     """The baseline: the same model, initial weights, data and schedule in a textbook PyTorch loop on the
     same device, with torch's fastest AdamW (fused), autocast for bf16 and optionally torch.compile. On a
-    GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process."""
+    GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process. settings: the
+    trainer's, as its start decided them (--lr and --weight_decay among them)."""
 
     def __init__(self, settings, model_config, dtype, compile=False):
         torch.manual_seed(settings.run.seed)

@@ -135,6 +135,9 @@ def structure_problems(ds_config, path):
     for section in SECTIONS:
         if section in ds_config and not isinstance(ds_config[section], dict):
             found.append(f"{path}: '{section}' must be a JSON object, got {json.dumps(ds_config[section])}")
+    params = ds_config["optimizer"].get("params", {}) if isinstance(ds_config.get("optimizer"), dict) else {}
+    if not isinstance(params, dict):  # DeepSpeed's engine calls .keys() on it, and the trainer fills it in
+        found.append(f"{path}: 'optimizer.params' must be a JSON object, got {json.dumps(params)}")
     for key, flags in RUN_DECIDES.items():
         if key in ds_config:
             found.append(f"{path}: '{key}' is decided by the trainer (from {flags}): remove it from the JSON")
@@ -398,8 +401,6 @@ def optimizer_problems(optimizer, path):
         found.append(f"{path}: optimizer.type {json.dumps(optimizer.get('type'))}: this trainer runs "
                      f"{', '.join(OPTIMIZERS[:-1])} or {OPTIMIZERS[-1]}")
     params = optimizer.get("params", {})
-    if not isinstance(params, dict):
-        return found + [f"{path}: optimizer.params must be a JSON object"]
     for key, value in params.items():
         if key in ("lr", "weight_decay"):
             found.append(f"{path}: optimizer.params.{key} is decided by the trainer (from --{key}): remove it "

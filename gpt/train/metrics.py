@@ -106,8 +106,8 @@ def events_dir(out_dir):
 
 def hparams_of(run_config, grad_accum, loss_label):
     """A run's settings for TensorBoard's hparams, from what a checkpoint records (gpt/train/start.py run_config_of:
-    the flags, the model's shape, precision, ZeRO stage, ranks): MAIN_HPARAMS, then the rest that people compare
-    under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
+    the flags, the model's shape, precision, ZeRO stage, ranks, Muon's muon_lr): MAIN_HPARAMS, then the rest that
+    people compare under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
     writes them)."""
     args, model = run_config["args"], run_config["model"]
     values = {
@@ -120,6 +120,7 @@ def hparams_of(run_config, grad_accum, loss_label):
         "setup/compile": args["compile"], "setup/ds_config": args["ds_config"], "setup/loss": loss_label,
         "setup/seed": args["seed"], "setup/total_batch_tokens": args["total_batch_tokens"],
         "setup/warmup_steps": args["warmup_steps"], "setup/zero_stage": run_config["zero_stage"],
+        **({"setup/muon_lr": run_config["muon_lr"]} if "muon_lr" in run_config else {}),  # Muon's half; lr: the rest
     }
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
 

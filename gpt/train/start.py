@@ -125,8 +125,11 @@ def preflight(settings, world_size, device_type):
     decided, notes = resolve_defaults(settings, device_type, saved, world_size)
     for note in notes:
         say0(note)
+    given = settings.optimizer
     settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type,
                                                                               decided)
+    for note in muon_checks.overridden(given, ds_config, settings.run.ds_config):
+        say0(note)
     for warning in unfinished_preparations(settings.data.dir):
         say0(warning, sys.stderr)
     auto = auto_record(model_config, settings.data.seq_len, ds_config, world_size, device_type, settings.model.loss,
@@ -192,6 +195,7 @@ def check_settings(settings, world_size, device_type, decided=None):
     if problems:  # the checks below assume sane numbers
         raise BadInput("\n".join(problems))
     ds_config, problems = read_ds_config(settings, device_type)
+    decided.update(muon_checks.flag_values(settings.optimizer, ds_config))  # --lr, --weight_decay: a Muon JSON's
     config = model_config(settings)
     problems += config.problems(settings.data.seq_len, settings.model.preset) + flag_problems(settings, config, decided)
     auto_plan = None
@@ -239,9 +243,11 @@ def read_ds_config(settings, device_type):
     if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:
         problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                         f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
+    skip_grad_z = settings.optimizer.skip_grad_z
     problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config)),
                              dsc.builds_an_op(ds_config) and host.extensions_dir_problem(),
-                             guard_problem(settings, ds_config)] if p]
+                             guard_problem(settings, ds_config),
+                             muon_checks.guard_problem(skip_grad_z, ds_config, settings.run.ds_config)] if p]
     return ds_config, problems
 
 
@@ -345,8 +351,9 @@ def run_config_of(settings, ds_config, model_config, world_size, auto=None):
 
 
 def validate(settings, world_size, device_type="cpu"):
-    """check_settings with the defaults decided as a fresh run decides them: (ds_config, model_config, grad_accum)."""
-    return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[1:4]
+    """check_settings with the defaults decided as a fresh run decides them: (the settings so decided, ds_config,
+    model_config, grad_accum)."""
+    return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[:4]
 
 
 # -- --micro_batch auto after the process group exists --------------------------------------------------------------

@@ -407,7 +407,8 @@ class Trainer:
         cosine to end at step 20, instead of keeping the saved lr for one step and then jumping. Said in one line.
         `position`: the loaded scheduler's count of updates (behind the step by the updates skipped)."""
         settings = self.settings
-        changed = [f"--{flag} {getattr(settings.optimizer, flag)} (the checkpoint's run had {saved_args[flag]})"
+        changed = [f"{ds_engine.muon.setting_name(self.engine, flag)} {getattr(settings.optimizer, flag)} (the "
+                   f"checkpoint's run had {saved_args[flag]})"
                    for flag in self.SCHEDULE_FLAGS if saved_args[flag] != getattr(settings.optimizer, flag)]
         if not changed:
             return

@@ -646,7 +646,7 @@ def test_validation_off_needs_no_val_sequence(tmp_path):
     """A val split shorter than one sequence is fine with --val_every 0 (it used to abort anyway)."""
     settings = parse(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
                       "--val_every", "0", "--data", shards(tmp_path, 5000, 60)])
-    assert validate(settings, 1)[2] == 4  # grad_accum: validated
+    assert validate(settings, 1)[3] == 4  # grad_accum: validated
 
 
 @pytest.mark.parametrize("held", ["checkpoints", "metrics"])

@@ -66,7 +66,7 @@ def test_the_bfloat16_alias_is_bf16_for_the_run_config_the_checkpoint_check_and_
     path = write(tmp_path, json.dumps(alias))
     settings = parse(["--ds_config", str(path), "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
                       "--total_batch_tokens", "1024", "--data", str(shakespeare_dir)])
-    ds_config, model_config, _ = validate(settings, 1)
+    settings, ds_config, model_config, _ = validate(settings, 1)
     run_config = run_config_of(settings, ds_config, model_config, 1)
     assert run_config["precision"] == "bf16"
     bf16_run = run_config_of(settings, {**FP32, "bf16": {"enabled": True}}, model_config, 1)
@@ -116,7 +116,7 @@ def test_what_the_checks_accept_round_trips_through_run_config_json(tmp_path, sh
     settings = parse(["--ds_config", str(path), "--model", "tiny", "--seq_len", "64", "--micro_batch", "4",
                       "--total_batch_tokens", "1024", "--warmup_steps", "2", "--data", str(shakespeare_dir),
                       *(["--cpu_fp16"] if "fp16" in name else [])])  # fp16 on the CPU accelerator: for tests
-    ds_config, model_config, _ = validate(settings, 1)
+    settings, ds_config, model_config, _ = validate(settings, 1)
     run_config = run_config_of(settings, ds_config, model_config, 1)
     written = tmp_path / "run_config.json"
     written.write_text(json.dumps(run_config, indent=1))
