@@ -555,6 +555,13 @@ TRAIN_CASES = [
                                                              zero_optimization={**ZERO, "compute_grad_norm": False})],
      "error: --skip_grad_z 3: {path} sets zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient "
      "norm for it to act on: drop one of them"),
+    (lambda t: ["--skip_grad_z", "3", "--ds_config", ds_json(t, gradient_clipping=0, optimizer={"type": "Muon"})],
+     "error: --skip_grad_z 3: under {path}'s Muon DeepSpeed measures the norm of Muon's orthogonalised update, not the "
+     "gradient's (its ZeRO optimizer; the log's update_norm), so the guard could not see a gradient spike: use "
+     "--skip_loss_z, or bf16 with ZeRO 1 and fp32 grad_accum_dtype (ds_configs/zero1_bf16_muon.json), where the norm "
+     "is the gradient's"),
+    (lambda t: ["--ds_config", ds_json(t, gradient_clipping=0, optimizer={"type": "Muon", "params": []})],
+     "error: {path}: 'optimizer.params' must be a JSON object, got []"),
     (lambda t: ["--ds_config", ds_json(t, managed_gradient_accumulation=False)],
      "error: {path}: managed_gradient_accumulation false is not supported by this trainer (it steps the engine after "
      "every micro-batch and lets DeepSpeed accumulate, so each micro-batch would be an update of its own): remove it"),
