@@ -12,7 +12,7 @@ from train_ds import parse
 from gpt.config import ds_checks, muon_checks
 from gpt.model.model import GPT, GPTConfig
 from gpt.runtime import accelerator
-from gpt.train import engine as ds_engine, muon, resume_settings
+from gpt.train import engine as ds_engine, metrics, muon, resume_settings
 from gpt.train.engine import OptimizerSettings
 
 MODEL = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=256)
@@ -88,6 +88,17 @@ def test_a_muon_jsons_recipe_is_the_flags_default_and_a_flag_given_wins_in_one_l
     assert muon_checks.overridden(given, shipped("zero2_fp32.json"), "P") == []
     assert muon_checks.recorded(bare) == {"optimizer": "Muon", "muon_lr": 0.02}  # run_config.json: the default
     assert muon_checks.recorded(recipe) == {"optimizer": "Muon", "muon_lr": MUON["optimizer"]["params"]["muon_lr"]}
+
+
+def test_tensorboards_hparams_show_muons_peak_beside_the_adam_halfs_lr():
+    """run_config.json's muon_lr (the recorded default where the JSON has none) as setup/muon_lr; an AdamW run's
+    hparams stay as they were."""
+    run = {"args": parse(["--lr", "3e-3"]).recorded(), "model": {"n_layer": 2, "n_embd": 32, "n_head": 2},
+           "world_size": 1, "precision": "fp32", "zero_stage": 2}
+    muon_run = {**run, **muon_checks.recorded({**MUON, "optimizer": {"type": "Muon"}})}
+    hparams, adamw = (metrics.hparams_of(r, 1, "fused") for r in (muon_run, run))
+    assert (hparams["lr"], hparams["setup/muon_lr"]) == (3e-3, 0.02)
+    assert hparams.keys() - adamw.keys() == {"setup/muon_lr"}
 
 
 def test_skip_grad_z_is_refused_where_deepspeed_measures_muons_update_not_the_gradient():
