@@ -187,7 +187,8 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
 
 def check_settings(settings, world_size, device_type, decided=None):
     """The settings checked, --micro_batch auto planned (the DeepSpeed JSON read once for both), and what the flags
-    left open written into them in one step: `decided` (resolve_defaults' choices) and the plan's micro-batch.
+    left open written into them in one step: `decided` (resolve_defaults' choices), --lr and --weight_decay (a Muon
+    JSON's recipe, else GPT-3's: gpt.config.muon_checks.flag_values) and the plan's micro-batch.
     Raises BadInput listing every problem. Returns (the settings, the DeepSpeed config, the model's GPTConfig,
     grad_accum, the auto plan or None)."""
     decided = dict(decided or {})
