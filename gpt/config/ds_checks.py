@@ -11,8 +11,8 @@ import typing
 import pydantic
 
 from gpt.config import muon_checks
-from gpt.config.ds_config import (bf16_section, deepspeed_config, dtype_name, grad_accum_dtype, load, parsed, precision,
-                                  zero_stage)
+from gpt.config.ds_config import (Refused, bf16_config, deepspeed_config, dtype_name, fp16_config, grad_accum_dtype,
+                                  load, parsed, precision, zero_config, zero_stage)
 from gpt.config.engine_checks import engine_problems
 from gpt.console import NAME_MAX, BadInput, longest_component, out_dir_problem, out_file_problem
 
@@ -145,11 +145,19 @@ def structure_problems(ds_config, path):
         found.append(f"{path}: both 'bf16' and 'bfloat16' (its older name): keep 'bf16' (DeepSpeed would read "
                      f"only that one)")
     zero = ds_config.get("zero_optimization", {})
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    if stage not in (0, 1, 2) or isinstance(stage, bool):  # stricter than DeepSpeed's 0-3, and said our way
+    stage = stage_as_read(zero.get("stage", 0)) if isinstance(zero, dict) else 0
+    if stage not in (0, 1, 2):  # stricter than DeepSpeed's 0-3, and said our way
         found.append(f"{path}: zero_optimization.stage {json.dumps(stage)} is not supported: use 0, 1 or 2 "
                      f"(ZeRO-3 partitions the parameters themselves, which this trainer does not handle)")
     return found
+
+
+def stage_as_read(value):
+    """A ZeRO stage as DeepSpeed's model reads it ("2", 2.0 and 2 are stage 2), or the value itself where it refuses."""
+    try:
+        return int(zero_config({"zero_optimization": {"stage": value}}).stage)
+    except Refused:
+        return value
 
 
 def hand_parsed_sections():
@@ -193,10 +201,9 @@ def hand_parsed_problems(ds_config, path):
     for key in sorted(BOOLEAN_SETTINGS & ds_config.keys()):
         if not isinstance(ds_config[key], bool):
             found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be true or false")
-    for section in ("fp16", "bf16", "bfloat16", "torch_autocast"):  # read by precision(): JSON's true or false only
-        enabled = ds_config.get(section, {}).get("enabled", False)  # (DeepSpeed's pydantic also takes "yes", 1, ...)
-        if not isinstance(enabled, bool):
-            found.append(f"{path}: {section}.enabled {json.dumps(enabled)} must be true or false")
+    enabled = ds_config.get("torch_autocast", {}).get("enabled", False)  # fp16's and bf16's: DeepSpeed's pydantic
+    if not isinstance(enabled, bool):
+        found.append(f"{path}: torch_autocast.enabled {json.dumps(enabled)} must be true or false")
     for key, (check, wanted) in NUMBER_SETTINGS.items():
         if key in ds_config and not check(ds_config[key]):
             found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be {wanted}")
@@ -298,13 +305,13 @@ def trainer_problems(ds_config, path):
     misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
     found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
              f"default)" for key in auto_values(ds_config)]
-    zero = parsed(ds_config, "zero_optimization").zero_config
+    zero = zero_config(ds_config)
     offloaded = [k for k in ("offload_optimizer", "offload_param") if getattr(zero, k) is not None]
     if offloaded:
         found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
                      f"CPU optimizer is untested here)")
     found += [f"{path}: '{key}' is not honoured by this trainer ({why}): remove it" for key, why in NOT_HONOURED.items()
-              if key in ds_config and (ds_config[key] or {}).get("enabled") is not False]
+              if key in ds_config and (ds_config[key] or {}).get("enabled", True)]  # DeepSpeed: if enabled
     if (ds_config.get("torch_autocast") or {}).get("enabled", False):
         found.append(f"{path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead")
     found += (muon_checks.problems(ds_config, path) if muon_checks.uses_muon(ds_config)
@@ -326,7 +333,7 @@ def precision_problems(ds_config, path):
     """The precision settings DeepSpeed 0.19 accepts but fail or misbehave: both half types, accumulation or
     parameters in another dtype, fp16's loss scaling (hysteresis, scales) and fp16 or bf16 with ZeRO 0."""
     run_precision = precision(ds_config)
-    if all((section or {}).get("enabled", False) for section in (ds_config.get("fp16"), bf16_section(ds_config))):
+    if fp16_config(ds_config).enabled and bf16_config(ds_config).enabled:
         return [f"{path}: fp16 and bf16 are both enabled; choose one"]
     accumulation = grad_accum_dtype(ds_config)
     if accumulation not in (None, "fp32", run_precision):
@@ -336,11 +343,11 @@ def precision_problems(ds_config, path):
     if param_dtype not in (None, run_precision):  # DeepSpeed asserts this in deepspeed.initialize
         return [f"{path}: data_types.param_dtype {json.dumps(ds_config['data_types']['param_dtype'])} does not "
                 f"fit {run_precision} training (the fp16/bf16 blocks set it): leave it out"]
-    hysteresis = parsed(ds_config, "fp16").float16_config.hysteresis
+    hysteresis = fp16_config(ds_config).hysteresis
     if run_precision == "fp16" and hysteresis < 1:  # DynamicLossScaler counts down to 1: from below it never gets there
         return [f"{path}: fp16.hysteresis {hysteresis} must be >= 1 (below, the loss scale would never drop on "
                 f"overflow and every step would be skipped)"]
-    if run_precision == "fp16" and (found := loss_scale_problems(parsed(ds_config, "fp16").float16_config, path)):
+    if run_precision == "fp16" and (found := loss_scale_problems(fp16_config(ds_config), path)):
         return found
     if run_precision == "fp16" and zero_stage(ds_config) == 0:
         # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
@@ -429,7 +436,10 @@ def problems(ds_config, path):
     on the whole."""
     for stage in (structure_problems, hand_parsed_problems, deepspeed_problems, trainer_problems,
                   whole_config_problems):
-        found = stage(ds_config, path)
+        try:
+            found = stage(ds_config, path)
+        except Refused as e:  # a block DeepSpeed's parser refuses where a check reads it: one line, never a traceback
+            found = _error_lines(path, e.key, e.error)
         if found:
             return found
     return []

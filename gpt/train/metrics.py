@@ -281,11 +281,11 @@ class Progress:
         return f"eta {duration(pace * left)}"
 
 
-SLOW_STEP_S = 60  # a step at least this long at the matmul peak: a GPU-sized run on a CPU
+SLOW_STEP_S = 60  # a step at least this long at the CPU's peak: a GPU-sized run on a CPU
 
 
 def slow_step_warning(flops_per_step, peak_flops, world_size, device_type):
-    """A warning line where a step would take SLOW_STEP_S or more even at this CPU's measured matmul peak (the
+    """A warning line where a step would take SLOW_STEP_S or more even at this CPU's peak (hardware.cpu_peak_flops; the
     defaults, d12 at 0.5M tokens/step, are a GPU run: hours per step on a laptop), else None. Said before the first
     step: the ETA comes only after it."""
     if device_type != "cpu" or not peak_flops:
@@ -294,7 +294,7 @@ def slow_step_warning(flops_per_step, peak_flops, world_size, device_type):
     if at_least < SLOW_STEP_S:
         return None
     return (f"warning: a step takes at least {duration(at_least)} on this CPU ({flops_per_step:.2g} FLOP at its "
-            f"measured matmul peak, {peak_flops:.2g} FLOP/s per rank); a run sized for a CPU: bash launch/cpu_demo.sh")
+            f"peak, {peak_flops:.2g} FLOP/s per rank); a run sized for a CPU: bash launch/cpu_demo.sh")
 
 
 def duration(seconds):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt.config.ds_config import parsed
+from gpt.config.ds_config import fp16_config
 from gpt.train import checkpoint, muon, universal
 from gpt.train.engine import settle_adam_state
 
@@ -166,4 +166,4 @@ def saved_power(saved_ds_config):
     """The fp16 initial_scale_power of the checkpoint's run (DeepSpeed's default where its JSON had none), or None."""
     if not isinstance(saved_ds_config, dict):
         return None
-    return parsed(saved_ds_config, "fp16").float16_config.initial_scale_power
+    return fp16_config(saved_ds_config).initial_scale_power

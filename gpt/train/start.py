@@ -106,8 +106,7 @@ def setup(settings):
             # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
             exit_with(refusal or "refused by rank 0", 2, hard=True)
     torch.manual_seed(settings.run.seed)  # the same initial weights on every rank
-    # MFU is rank 0's to say; on CPU the peak is a ~1 s matmul measurement, which the other ranks would make at
-    # the same moment on the same cores
+    # MFU is rank 0's to say (on CPU: for the threads this rank was given)
     peak = hardware.peak_flops(device.type, prepared.precision) if ranks.rank() == 0 else (None, None)
     return replace(prepared, device=device, lock=lock, peak_flops=peak)
 
@@ -253,9 +252,9 @@ def read_ds_config(settings, device_type):
 
 
 def guard_problem(settings, ds_config):
-    """--skip_grad_z acts on the gradient norm DeepSpeed measures: with compute_grad_norm false there is none, and the
-    guard could never act."""
-    if settings.optimizer.skip_grad_z and (ds_config.get("zero_optimization") or {}).get("compute_grad_norm") is False:
+    """--skip_grad_z acts on the gradient norm DeepSpeed measures: with compute_grad_norm false (in any spelling
+    DeepSpeed reads as false: 0, "false", "no", ...) there is none, and the guard could never act."""
+    if settings.optimizer.skip_grad_z and not dsc.zero_config(ds_config).compute_grad_norm:
         return (f"--skip_grad_z {settings.optimizer.skip_grad_z:g}: {settings.run.ds_config} sets "
                 f"zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient norm for it to act on: "
                 f"drop one of them")

@@ -290,8 +290,8 @@ TRAIN_CASES = [
      "--min_lr_ratio: the GPT-3 schedule): remove it from the JSON"),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"lr": "high"}})],
      "error: {path}: optimizer.params.lr is decided by the trainer (from --lr): remove it from the JSON"),
-    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": "yes"})],
-     'error: {path}: fp16.enabled "yes" must be true or false'),
+    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": "maybe"})],  # "yes" is true to DeepSpeed's parser
+     'error: {path}: fp16.enabled: Input should be a valid boolean, unable to interpret input (got "maybe")'),
     (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "offload_optimizer": {"device": "cpu"}})],
      "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
      "optimizer is untested here)"),
@@ -562,6 +562,15 @@ TRAIN_CASES = [
      "is the gradient's"),
     (lambda t: ["--ds_config", ds_json(t, gradient_clipping=0, optimizer={"type": "Muon", "params": []})],
      "error: {path}: 'optimizer.params' must be a JSON object, got []"),
+    # DeepSpeed's other spellings of true and false (every key's: tests/unit/test_ds_config.py)
+    (lambda t: ["--skip_grad_z", "3", "--ds_config", ds_json(t, gradient_clipping=0, zero_optimization={
+        **ZERO, "compute_grad_norm": "false"})],
+     "error: --skip_grad_z 3: {path} sets zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient "
+     "norm for it to act on: drop one of them"),
+    (lambda t: ["--ds_config", ds_json(t, bf16={"enabled": True, "bf16_master_weights_and_grads": 1})],
+     "error: {path}: bf16.bf16_master_weights_and_grads true is not supported by this trainer (16-bit master "
+     "weights and gradients: DeepSpeed runs them only with ZeRO-Offload's CPU Adam or bf16 optimizer states, "
+     "neither of which this trainer runs): remove it"),
     (lambda t: ["--ds_config", ds_json(t, managed_gradient_accumulation=False)],
      "error: {path}: managed_gradient_accumulation false is not supported by this trainer (it steps the engine after "
      "every micro-batch and lets DeepSpeed accumulate, so each micro-batch would be an update of its own): remove it"),

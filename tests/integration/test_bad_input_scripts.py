@@ -239,6 +239,9 @@ CASES = [
     ("gpt-plan", "--gpu h100-80gb --n_head 5", "error: n_embd 768 is not divisible by n_head 5"),
     ("gpt-plan", "--gpu h100-80gb --n_layer 0", "error: --n_layer 0 must be a finite number >= 1"),
     ("gpt-plan", "--gpu h100-80gb --model d99", "error: argument --model: invalid choice: 'd99' (..."),
+    ("gpt-plan", "--gpu v100-32gb --ds_config ds_configs/zero1_bf16.json", "error: ds_configs/zero1_bf16.json: bf16 on "
+     "a v100-32gb, which has no bf16 (a V100, compute capability 7.0; bf16 needs 8.0): plan ds_configs/zero2_fp16.json, "
+     "the V100's config"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/missing.json", "error: {in}/missing.json: DeepSpeed config not found"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}", "error: {in}: a directory, not a DeepSpeed JSON file"),
     ("gpt-plan", "--gpu h100-80gb --ds_config=", "error: --ds_config is empty: name a DeepSpeed JSON file"),

@@ -64,6 +64,7 @@ def test_tensorboard_shows_the_runs_scalars_samples_settings_and_layout(tmp_path
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
     val_losses = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     assert [step for step, _ in losses] == [0, 1, 2, 3, 4] and [step for step, _ in val_losses] == [0, 2, 4]
+    assert all(0 < r["mfu"] < 1 for r in records if "loss" in r)  # against the peak the CPU declares
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
