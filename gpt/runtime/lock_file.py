@@ -28,10 +28,8 @@ def lock_file_problem(path, what):
     what: the file's role, for the message."""
     if not os.path.lexists(path):
         return None
-    if link_problem(path, what):
-        return link_problem(path, what)
     problem = regular_file_problem(path)
-    return problem and f"{problem} ({what}): move it away, or use another --out_dir"
+    return link_problem(path, what) or (problem and f"{problem} ({what}): move it away, or use another --out_dir")
 
 
 def record_of(path):

@@ -48,7 +48,7 @@ def foreign_link_problem(out_dir, path, what):
     """Why the directory `path` under out_dir would take the run's writes into another run's files: through a
     symbolic link (path's or a parent's) it leads into a directory that holds another run; or None. A link
     elsewhere (checkpoints/ on another disk) is the user's choice and is followed."""
-    real, own = Path(path).resolve(), Path(out_dir).resolve()
+    real, own = Path(os.path.realpath(path)), Path(os.path.realpath(out_dir))  # a link that loops: no error here
     if real.is_relative_to(own):
         return None
     other = next((a for a in (real, *real.parents) if holds_a_run(a)), None)

@@ -170,10 +170,14 @@ def test_a_signal_another_handler_catches_is_no_stop():
         stop.signal.signal(stop.signal.SIGUSR2, previous)
 
 
-@pytest.mark.parametrize("signum", [stop.signal.SIGUSR1, stop.signal.SIGHUP], ids=["SIGUSR1", "SIGHUP"])
-def test_slurms_warning_and_a_closed_terminal_are_stops_that_save(signum):
+@pytest.mark.parametrize("signum, ignored", [(stop.signal.SIGUSR1, False), (stop.signal.SIGUSR1, True),
+                                             (stop.signal.SIGHUP, False)],
+                         ids=["SIGUSR1", "SIGUSR1_ignored_from_the_start", "SIGHUP"])
+def test_slurms_warning_and_a_closed_terminal_are_stops_that_save(signum, ignored):
     """SIGUSR1, Slurm's `--signal=USR1@N` warning before a job's time limit, ended the run by its default, with no line
-    and no checkpoint; SIGHUP likewise before it was a stop. Each, in training, finishes the step and saves."""
+    and no checkpoint; SIGHUP likewise before it was a stop. Each, in training, finishes the step and saves. SIGUSR1
+    also where it was ignored from the start: launch/slurm.sbatch ignores it for the launchers, which it would end."""
+    previous = stop.signal.signal(signum, stop.signal.SIG_IGN) if ignored else None
     request = stop.StopRequest()
     try:
         with stderr_file() as said_so_far:
@@ -184,6 +188,8 @@ def test_slurms_warning_and_a_closed_terminal_are_stops_that_save(signum):
             assert request.requested == signum.name
     finally:
         request.close()
+        if ignored:
+            stop.signal.signal(signum, previous)
 
 
 def test_a_start_up_stop_whose_exception_was_swallowed_ends_the_run_at_the_first_step(capfd):
