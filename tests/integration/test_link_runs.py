@@ -48,19 +48,26 @@ def test_a_run_copied_as_links_and_resumed_leaves_the_original_as_it_was(trained
 def test_a_second_export_into_the_same_out_dir_is_refused_naming_the_first(trained_checkpoint, tmp_path):
     """Two at once, of different steps, both wrote: the one that said "exported .../step_00000007" left step 3's
     weights, the other failed on a temporary file the first had renamed. The first holds OUT_DIR/export.lock."""
-    out, go = tmp_path / "hf", tmp_path / "go"
-    export = [sys.executable, "-m", "gpt.commands.export", str(trained_checkpoint), "--out_dir", str(out)]
-    first = subprocess.Popen([sys.executable, "tests/integration/export_race.py", *export[3:], str(go)], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, start, go = tmp_path / "hf", tmp_path / "start", tmp_path / "go"
+    export = [str(trained_checkpoint), "--out_dir", str(out)]
+    race = [sys.executable, "tests/integration/export_race.py"]
+    # both import at once; the first starts at once and waits to write, the second starts once the first holds the lock
+    first = subprocess.Popen([*race, str(tmp_path), str(go), *export], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen([*race, str(start), str(tmp_path), *export], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
         while lock_file.record_of(out / "export.lock").get("pid") != first.pid:
             assert first.poll() is None, first.communicate()
             time.sleep(0.05)
         holder = lock_file.holder(out / "export.lock")
-        second = subprocess.run(export, cwd=REPO, capture_output=True, text=True, timeout=120)
+        start.touch()
+        second.wait(timeout=120)
         assert [p.name for p in out.iterdir()] == ["export.lock"]  # the first waits to write; the second wrote nothing
     finally:
+        start.touch()
         go.touch()
+    second = subprocess.CompletedProcess(second.args, second.returncode, *second.communicate())
     stdout, stderr = first.communicate(timeout=120)
     assert holder.startswith(f"pid {first.pid} on {socket.gethostname()} (since ")
     assert (second.returncode, second.stdout) == (1, "")
