@@ -216,6 +216,9 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, {})
     client_state = {**client_state, "run_config": run_config}
+    if ranks.rank() == 0:
+        remove(ckpt_dir / tag)  # a crash's leftover: made afresh
+    ranks.barrier()
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
     torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{ranks.rank():05d}.pt")
     ranks.barrier()  # every rank's files are on disk
@@ -244,7 +247,17 @@ def prune(ckpt_dir, keep_last, keep_every):
         if not TAG_PATTERN.match(path.name) or path.name in keep:
             continue
         if (path / COMPLETE).exists() or (newest and path.name < newest):
-            shutil.rmtree(path)
+            remove(path)
+
+
+def remove(path):
+    """Remove what is at path (a directory, a file, a symbolic link), never what a link leads to. Where a step is
+    saved, what a crash left there goes first: another world size's files would be counted as this checkpoint's, and
+    DeepSpeed's writes follow links (a run copied as a tree of links, `cp -rs`, holds links to the original's)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)  # it removes the links inside, not their targets
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 def newest_intact(ckpt_dir):

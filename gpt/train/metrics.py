@@ -17,9 +17,12 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from gpt.console import atomic_write, say, warn
+from gpt.runtime.links import open_no_follow
 from gpt.runtime.memory import peak_memory
 
 TENSORBOARD_DIR = "tensorboard"
+METRICS, METRICS_WHAT = "metrics.jsonl", "the run's metrics log"
+PROFILE_DIR = "profile"  # --profile's traces
 # TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
 # section per prefix before the "/", sections in alphabetical order: the losses come first, and nothing else sorts
 # before "loss". The names come from step_metrics below and the trainer's evaluate (gpt/train/trainer.py); a
@@ -155,7 +158,7 @@ class MetricsLogger:
         self.out_dir, self.hparams, self.writer, self.session_end = out_dir, hparams, None, None
         self.tag = tag_function_of(events_dir(out_dir))  # before this launch's events file exists
         self.settings = settings  # written at this launch's first step (a resumed launch's may differ)
-        self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
+        self.jsonl = open_no_follow(out_dir / METRICS, "a", METRICS_WHAT, buffering=1)
 
     def open_events(self, purge_step=None):
         """This launch's events file, made at the first step (continue_from) or the first write. purge_step: the
@@ -223,7 +226,7 @@ class MetricsLogger:
                 ([f"{redone} record(s) of steps {step} on dropped: this launch trains them again"] if redone else [])
                 + ([f"line(s) {', '.join(map(str, unreadable))} dropped: not a whole record (cut by a kill)"]
                    if unreadable else [])))
-        self.jsonl = open(path, "a", buffering=1)
+        self.jsonl = open_no_follow(path, "a", METRICS_WHAT, buffering=1)
 
     def text(self, tag, text, step):
         """A TensorBoard text summary, verbatim: TensorBoard renders Markdown, so it goes in as a code block."""
@@ -333,7 +336,7 @@ def step_profiler(steps, out_dir, device_type, rank):
         return NoProfiler()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     profiler = profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=1, active=steps, repeat=1),
-                       on_trace_ready=tensorboard_trace_handler(str(Path(out_dir) / "profile"), worker_name=f"rank{rank}"),
+                       on_trace_ready=tensorboard_trace_handler(str(Path(out_dir) / PROFILE_DIR), worker_name=f"rank{rank}"),
                        record_shapes=True, profile_memory=True, with_stack=False)
     profiler.start()
     return profiler

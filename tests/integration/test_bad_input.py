@@ -440,6 +440,11 @@ TRAIN_CASES = [
     (lambda t: out_with(t, "metrics.jsonl", os.mkfifo),
      "error: {tmp}/run/metrics.jsonl: a FIFO (named pipe), not a regular file (the run's metrics log): move it away, "
      "or use another --out_dir"),
+    # ... or a symbolic link to a user's file, which the lock's record overwrote (tests/unit/test_links.py)
+    (lambda t: out_with(t, "run.lock", lambda p: p.symlink_to(t / "notes.txt")),
+     "error: {tmp}/run/run.lock: a symbolic link to {tmp}/notes.txt (the run's lock file): it is written in place, "
+     "never through a link, which would overwrite the file the link leads to: remove the link, or use another "
+     "--out_dir"),
     (lambda t: out_with(t, "checkpoints/latest", Path.mkdir) + ["--resume", "auto"],
      "error: {tmp}/run/checkpoints/latest: a directory, not a regular file (the name of the newest checkpoint): move "
      "it away, or use another --out_dir"),
