@@ -203,7 +203,8 @@ def killed_then_stopped(tmp_path_factory, small_vocab_dir):
 @pytest.mark.slow
 def test_a_sigkilled_rank_ends_the_run_with_one_line_and_the_relaunch_resumes(killed_then_stopped):
     """deepspeed.launcher.launch SIGTERMs the survivor, whose next collective fails; the relaunch, on the same
-    port, resumes from the last complete checkpoint."""
+    port, resumes from the last complete checkpoint. Over 15 s on a 2-core AVX2 EPYC, where the shared run
+    (killed_then_stopped) is counted: two launches of 2 ranks, the least a relaunch takes."""
     killed, stopped = killed_then_stopped
     assert killed["code"] != 0 and killed["gone_after"] < GONE_WITHIN_S
     errors = error_lines(killed["output"])
