@@ -32,7 +32,8 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val",
         "update_norm": "optim/update_norm",
         "loss_scale": "optim/fp16_loss_scale", "skipped_steps": "optim/fp16_skipped_steps",
         "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "dt": "perf/dt",
-        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc"}
+        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc",
+        "target_val_loss": "target/val_loss", "target_tokens": "target/tokens", "target_seconds": "target/seconds"}
 # The custom-scalars dashboard: category -> chart -> the metrics drawn together (a chart whose metrics a run does
 # not log stays empty).
 CHARTS = {

@@ -47,7 +47,7 @@ class Schedule:
         if step < decay_start:  # wsd's constant phase
             return max_lr
         progress = (step - decay_start) / (self.max_steps - decay_start)
-        if self.lr_schedule == "cosine":  # (DeepSpeed's WarmupCosineLR starts warmup at 0 and shifts the cosine by a step)
+        if self.lr_schedule == "cosine":  # (DeepSpeed's WarmupCosineLR starts warmup at 0, its cosine a step later)
             return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
         return min_lr + COOLDOWN[self.cooldown_shape](progress) * (max_lr - min_lr)
 
@@ -72,6 +72,14 @@ class Schedule:
                     f"--max_steps {self.max_steps} steps would start at step {self.cooldown_start()}, inside the "
                     f"warmup of --warmup_steps {self.warmup_steps}")
         return None
+
+    def rewarming(self, was, step):
+        """What this schedule, resumed at `step` from a run that had `was`, does to a decayed lr where it is a
+        longer cosine (it rises again), at the end of the resume's line; else ""."""
+        if self.lr_schedule != "cosine" or self.max_steps <= was.max_steps or self.lr_at(step) <= was.lr_at(step):
+            return ""
+        return (": a longer cosine raises a decayed lr again (to extend a run without that, train it with "
+                "--lr_schedule wsd and resume from its checkpoint at the cooldown's start)")
 
     def describe(self):
         """The schedule in words, for the log's header and TensorBoard's hparams."""
