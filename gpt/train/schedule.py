@@ -74,12 +74,12 @@ class Schedule:
         return None
 
     def rewarming(self, was, step):
-        """What this schedule, resumed at `step` from a run that had `was`, does to a decayed lr where it is a
-        longer cosine (it rises again), at the end of the resume's line; else ""."""
-        if self.lr_schedule != "cosine" or self.max_steps <= was.max_steps or self.lr_at(step) <= was.lr_at(step):
+        """What this schedule, resumed at `step` from a run that had `was`, does to a decayed lr when it is longer
+        (it rises again: a finished cosine cannot be extended), at the end of the resume's line; else ""."""
+        if self.max_steps <= was.max_steps or self.lr_at(step) <= was.lr_at(step):
             return ""
-        return (": a longer cosine raises a decayed lr again (to extend a run without that, train it with "
-                "--lr_schedule wsd and resume from its checkpoint at the cooldown's start)")
+        return (f": a longer {self.lr_schedule} raises a decayed lr again (to extend a run without that, train it "
+                "with --lr_schedule wsd and resume from its checkpoint at the cooldown's start)")
 
     def describe(self):
         """The schedule in words, for the log's header and TensorBoard's hparams."""
