@@ -57,6 +57,17 @@ def test_a_wsd_run_extended_from_its_cooldown_start_is_the_longer_run_bit_for_bi
     assert {s: losses["short"][s] for s in range(4)} == {s: losses["whole"][s] for s in range(4)}
 
 
+def test_an_extension_into_the_runs_own_out_dir_is_refused_before_it_overwrites_the_cooldown(extended,
+                                                                                               small_vocab_dir):
+    root = extended[0]
+    cooldown = root / "short" / "checkpoints" / "step_00000003"
+    _, proc = train(root / "short", small_vocab_dir, *WSD, "--max_steps", "12", "--resume", str(cooldown), check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"error: --resume {cooldown}: the checkpoint at the cooldown's start "
+                                                 f"of the run in {root / 'short'}, whose cooldown's checkpoints (up to "
+                                                 f"step_00000007) this run would overwrite: extend it into a new "
+                                                 f"--out_dir\n")
+
+
 def test_a_run_stops_at_the_first_validation_at_or_below_its_target(extended, tmp_path, small_vocab_dir):
     """The target: the 12-step run's validation loss at step 4, which the steps before it did not reach."""
     _, _, _, (whole, _) = extended
