@@ -90,3 +90,11 @@ def test_a_longer_schedule_that_raises_a_decayed_lr_says_so_and_an_extension_fro
     longer = Schedule(6e-4, 2, 60, 0.0, "wsd")
     assert longer.rewarming(wsd, 20) == "" and longer.rewarming(wsd, 30).startswith(": a longer wsd raises")
     assert cosine.rewarming(Schedule(6e-4, 2, 8, 0.1), 3) == ""  # shorter: the lr falls sooner, nothing rises
+
+
+def test_a_checkpoint_saved_before_the_schedule_flags_existed_was_a_cosine_run():
+    from gpt.train.engine import OptimizerSettings
+    now = OptimizerSettings(1e-3, 0.1, 2, 20, 0.0, "wsd", 0.4, "sqrt")
+    was = now.as_recorded({"lr": 6e-4, "warmup_steps": 2, "max_steps": 10, "min_lr_ratio": 0.1, "seed": 1})
+    assert was == OptimizerSettings(6e-4, 0.1, 2, 10, 0.1) and was.lr_schedule == "cosine"
+    assert now.as_recorded({**vars(now), "max_steps": 12}) == OptimizerSettings(1e-3, 0.1, 2, 12, 0.0, "wsd", 0.4, "sqrt")
