@@ -50,7 +50,8 @@ DTYPES = ("fp32", "bf16", "fp16")  # what data_types may name (DeepSpeed also ta
 RUN_DECIDES = {"train_batch_size": "--total_batch_tokens and --seq_len",
                "train_micro_batch_size_per_gpu": "--micro_batch",
                "gradient_accumulation_steps": "--total_batch_tokens, --micro_batch, --seq_len and the world size",
-               "scheduler": "--lr, --warmup_steps, --max_steps and --min_lr_ratio: the GPT-3 schedule"}
+               "scheduler": "--lr_schedule, --lr, --warmup_steps, --max_steps, --min_lr_ratio and --cooldown_frac, "
+                            "--cooldown_shape: gpt/train/schedule.py"}
 
 # The largest ZeRO bucket (elements): DeepSpeed allocates a bucket whole, so 1e13 asked for 40 TB inside the run.
 # 2**32 elements is 16 GiB in fp32, 8.6x DeepSpeed's default of 5e8; past ~1e8 elements a bucket gains no bandwidth.

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 from gpt.console import atomic_write, say, warn
 from gpt.runtime.links import open_no_follow
 from gpt.runtime.memory import peak_memory
+from gpt.train.schedule import Schedule
 
 TENSORBOARD_DIR = "tensorboard"
 METRICS, METRICS_WHAT = "metrics.jsonl", "the run's metrics log"
@@ -34,7 +35,8 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val",
         "update_norm": "optim/update_norm",
         "loss_scale": "optim/fp16_loss_scale", "skipped_steps": "optim/fp16_skipped_steps",
         "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "dt": "perf/dt",
-        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc"}
+        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc",
+        "target_val_loss": "target/val_loss", "target_tokens": "target/tokens", "target_seconds": "target/seconds"}
 # The custom-scalars dashboard: category -> chart -> the metrics drawn together (a chart whose metrics a run does
 # not log stays empty).
 CHARTS = {
@@ -124,6 +126,7 @@ def hparams_of(run_config, grad_accum, loss_label):
         "setup/seed": args["seed"], "setup/total_batch_tokens": args["total_batch_tokens"],
         "setup/warmup_steps": args["warmup_steps"], "setup/zero_stage": run_config["zero_stage"],
         **({"setup/muon_lr": run_config["muon_lr"]} if "muon_lr" in run_config else {}),  # Muon's half; lr: the rest
+        "setup/lr_schedule": Schedule.of(args).describe(),
     }
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
 

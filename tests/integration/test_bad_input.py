@@ -251,6 +251,19 @@ TRAIN_CASES = [
     (["--lr", "inf"], "error: --lr inf must be a finite number > 0"),
     (["--weight_decay", "-1"], "error: --weight_decay -1.0 must be a finite number >= 0"),
     (["--min_lr_ratio", "nan"], "error: --min_lr_ratio nan must lie in [0, 1]"),
+    (["--cooldown_frac", "0"], "error: --cooldown_frac 0.0 must lie in (0, 1]"),
+    (["--cooldown_frac", "nan"], "error: --cooldown_frac nan must lie in (0, 1]"),
+    (["--lr_schedule", "wsd", "--max_steps", "40", "--warmup_steps", "30"],
+     "error: --cooldown_frac 0.5: a cooldown of the last 20 of --max_steps 40 steps would start at step 20, inside the "
+     "warmup of --warmup_steps 30"),
+    (["--lr_schedule", "wsd", "--max_steps", "10", "--cooldown_frac", "0.01"],
+     "error: --cooldown_frac 0.01: a cooldown of 0.01 x --max_steps 10 rounds to no step"),
+    (["--lr_schedule", "trapezoid"], "error: argument --lr_schedule: invalid choice: 'trapezoid' (choose from 'cosine', "
+                                     "'wsd')"),
+    (["--target_val_loss", "0"], "error: --target_val_loss 0.0 must be a finite number > 0"),
+    (["--target_val_loss", "inf"], "error: --target_val_loss inf must be a finite number > 0"),
+    (["--target_val_loss", "4.5", "--val_every", "0"],
+     "error: --target_val_loss 4.5 needs a validation loss: --val_every is 0"),
     (["--save_every", "-1"], "error: --save_every -1 must be a finite number >= 0"),
     (["--keep_last", "0"], "error: --keep_last 0 must be a finite number >= 1"),
     (["--max_bad_steps", "0"], "error: --max_bad_steps 0 must be a finite number >= 1"),
@@ -286,8 +299,8 @@ TRAIN_CASES = [
      "error: {path}: 'gradient_accumulation_steps' is decided by the trainer (from --total_batch_tokens, "
      "--micro_batch, --seq_len and the world size): remove it from the JSON"),
     (lambda t: ["--ds_config", ds_json(t, scheduler={"type": "WarmupLR"})],
-     "error: {path}: 'scheduler' is decided by the trainer (from --lr, --warmup_steps, --max_steps and "
-     "--min_lr_ratio: the GPT-3 schedule): remove it from the JSON"),
+     "error: {path}: 'scheduler' is decided by the trainer (from --lr_schedule, --lr, --warmup_steps, --max_steps, "
+     "--min_lr_ratio and --cooldown_frac, --cooldown_shape: gpt/train/schedule.py): remove it from the JSON"),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"lr": "high"}})],
      "error: {path}: optimizer.params.lr is decided by the trainer (from --lr): remove it from the JSON"),
     (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": "maybe"})],  # "yes" is true to DeepSpeed's parser
@@ -465,6 +478,9 @@ TRAIN_CASES = [
      'error: {tmp}/ck/step_00000001/run_config.json: zero_stage must be 0, 1, 2 or 3, got "2"'),
     (lambda t: ["--resume", fake_checkpoint(t, run_config=os.mkfifo)],
      "error: {tmp}/ck/step_00000001/run_config.json: a FIFO (named pipe), not a regular file"),
+    (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "args": {**RUN_CONFIG["args"],
+                                                                                  "lr_schedule": "trapezoid"}})],
+     'error: {tmp}/ck/step_00000001/run_config.json: args.lr_schedule must be one of cosine, wsd, got "trapezoid"'),
     (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "format": 3})],
      "error: {tmp}/ck/step_00000001/run_config.json: format must be a checkpoint format this trainer reads (1 to 2), "
      "got 3"),

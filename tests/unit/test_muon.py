@@ -2,6 +2,7 @@
 the JSON's checks line by line, which parameters Muon steps, each group's learning rate through the schedule, the
 norm the log reports and its name, and the run settings a resume applies to Muon's three groups. (Runs on 2 ranks,
 stop and resume: tests/integration/test_muon_runs.py.)"""
+import dataclasses
 import json
 
 import pytest
@@ -170,6 +171,22 @@ def test_after_a_step_each_halfs_lr_is_the_one_the_header_names(single_rank_grou
     assert muon.describe(engine) == (f"MuonWithAuxAdam (Muon at muon_lr {muon_lr:g} on the block matrices, AdamW at "
                                      f"{adam_name} 0.003 on the embeddings, head and 1-D parameters)")
     assert muon.setting_name(engine, "weight_decay") == decay_name
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # the position set by hand
+def test_a_wsd_schedule_holds_each_halfs_peak_then_cools_each_down_from_it(single_rank_group):
+    """--lr_schedule wsd, 10 steps, the last 4 a linear cooldown to 0: both halves at their peaks (muon_lr 0.02, --lr
+    3e-3) from the warmup's end to the cooldown's start, both at half their peaks halfway through the cooldown."""
+    wsd = dataclasses.replace(OPTIMIZER, lr_schedule="wsd", cooldown_frac=0.4, min_lr_ratio=0.0)
+    engine = ds_engine.initialize(GPT(MODEL), {key: value for key, value in MUON.items() if key != "gradient_clipping"},
+                                  micro_batch=2, grad_accum=1, optimizer=wsd)
+    lrs = {}
+    for position in (1, 2, 6, 8):
+        engine.lr_scheduler.last_epoch = position - 1
+        engine.lr_scheduler.step()
+        lrs[position] = [g["lr"] for g in engine.optimizer.param_groups]
+    assert lrs[1] == lrs[2] == lrs[6] == [0.02, 3e-3, 3e-3]
+    assert lrs[8] == pytest.approx([0.01, 1.5e-3, 1.5e-3], rel=1e-12)
 
 
 def test_a_resume_applies_muons_settings_by_group_and_says_only_what_changed(muon_engine):
