@@ -5,10 +5,17 @@ import json
 from gpt.train.metrics import HPARAM_METRICS, TAGS, MetricsLogger, events_dir
 
 
+def written_order(path):
+    """An events file's place among those one process wrote: events.out.tfevents.<second>.<host>.<pid>.<count>, the
+    count numeric (by name alone, a count of 10 would sort before 9 within one second)."""
+    fields = path.name.split(".")
+    return int(fields[3]), int(fields[-1])
+
+
 def scalar_tags(events):
     """The scalar tags in the events files of a directory, in the order written."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    return [value.tag for path in sorted(events.glob("events.out.tfevents.*"))
+    return [value.tag for path in sorted(events.glob("events.out.tfevents.*"), key=written_order)
             for event in EventFileLoader(str(path)).Load() for value in event.summary.value
             if value.HasField("simple_value") or value.metadata.plugin_data.plugin_name == "scalars"]
 
