@@ -16,6 +16,7 @@ from gpt.console import BadInput, atomic_write, directory_problem, nearest_exist
 from gpt.train.checkpoint import CHECKPOINTS, LATEST, RUN_CONFIG, TAG_PATTERN, checkpoint_dir, complete_tags, \
     kept_because
 from gpt.train.metrics import METRICS
+from gpt.train.out_dir import foreign_link_problem
 
 COOLDOWNS = "cooldowns"
 
@@ -61,7 +62,8 @@ def finished_cooldown(resume_from, out_dir):
 def check_extension(cooldown, max_steps):
     """A resume from a cooldown's start into its own out_dir extends the run only with a larger --max_steps (the
     same one runs that cooldown again: into a new --out_dir), and only where its checkpoints can move aside in one
-    rename each: to a directory on the same file system, holding none of the same name. Raises BadInput."""
+    rename each: to a directory on the same file system, holding none of the same name, not linked into another run
+    (gpt/runtime/links.py). Raises BadInput."""
     resumed, archive, ckpt_dir = cooldown.resumed, cooldown.archive, checkpoint_dir(cooldown.out_dir)
     if max_steps <= cooldown.end:
         raise BadInput(f"--resume {resumed}: the checkpoint at the cooldown's start of the run in {cooldown.out_dir}, "
@@ -69,11 +71,16 @@ def check_extension(cooldown, max_steps):
                        f"with a --max_steps larger than its {cooldown.end} (its cooldown is then moved to {archive}), "
                        f"or into a new --out_dir")
     problem = next(filter(None, map(directory_problem, (archive.parent, archive, archive / CHECKPOINTS))), None)
-    taken = [tag for tag in cooldown.tags if os.path.lexists(archive / CHECKPOINTS / tag)]
+    # in both places (in this order: another rank may look while rank 0 moves them, each in one rename)
+    taken = [tag for tag in cooldown.tags if os.path.lexists(archive / CHECKPOINTS / tag)
+             and os.path.lexists(ckpt_dir / tag)]
     if problem or taken:
         raise BadInput(f"--resume {resumed}: where the run's cooldown moves aside, " + (
             problem or f"{archive / CHECKPOINTS} already holds {taken[0]}") + ": move it away, or extend the run "
             f"into a new --out_dir")
+    linked = foreign_link_problem(cooldown.out_dir, archive, "where the run's cooldown would move aside")
+    if linked:
+        raise BadInput(linked)
     if os.stat(ckpt_dir).st_dev != os.stat(nearest_existing(archive)).st_dev:
         raise BadInput(f"--resume {resumed}: {ckpt_dir} lies on another file system than {archive.parent} (through "
                        f"a symbolic link), so the run's cooldown cannot move aside there: extend the run into a new "

@@ -127,3 +127,16 @@ def test_every_other_resume_into_a_run_with_later_checkpoints_is_refused_as_befo
     assert str(refused.value) == (f"--resume {start}: {checkpoint_dir(out_dir)} holds later checkpoints (up to "
                                   f"{tag_for(9 if later == 'of an extension' else 7)}) that this run would overwrite: "
                                   f"resume it into another --out_dir")
+
+
+def test_an_extension_whose_cooldown_would_move_into_another_run_through_a_link_is_refused(run, tmp_path_factory):
+    out_dir, start = run
+    other = tmp_path_factory.mktemp("other")
+    (other / "metrics.jsonl").write_text('{"step": 0, "loss": 9.0}\n')
+    (out_dir / "cooldowns").symlink_to(other)
+    archive = out_dir / "cooldowns/to_step_8"
+    with pytest.raises(BadInput) as refused:
+        resume.check_resume_target(start, out_dir, 12)
+    assert str(refused.value) == (f"{archive} leads through a symbolic link to {other / 'to_step_8'}, among the files "
+                                  f"of the run in {other} (where the run's cooldown would move aside): this run would "
+                                  f"write into that run's; remove the link, or use another --out_dir")
