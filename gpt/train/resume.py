@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gpt.config.settings import COOLDOWN_SHAPES, LR_SCHEDULES
 from gpt.console import BadInput, regular_file_problem, warn
-from gpt.train import extend
 from gpt.data.shards import data_changes, describe_changes
+from gpt.train import extend
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
                                   checkpoint_dir, complete_tags, damage, is_universal, json_kind, model_states,
                                   newest_intact, unverified)
@@ -31,7 +31,8 @@ def find_resume(settings):
 def plan_resume(resume_from, saved, current, settings):
     """How resume_from (its run_config `saved`) loads into the run `current` describes (resume_kind), once every
     check that refuses it passed: the weights and the data position fit, the train shards are the same, the run
-    would overwrite no later checkpoint (a wsd run's cooldown, extended in place, moves aside), and steps are left. Raises BadInput."""
+    would overwrite no later checkpoint (a wsd run's cooldown, extended in place, moves aside), and steps are left.
+    Raises BadInput."""
     check_compatible(resume_from, saved, current)
     check_same_data(resume_from, saved, current, settings.data.dir, settings.data.reset_data_position)
     check_resume_target(resume_from, settings.run.out_dir, settings.optimizer.max_steps)
