@@ -9,9 +9,10 @@ from pathlib import Path
 from gpt.config.settings import COOLDOWN_SHAPES, LR_SCHEDULES
 from gpt.console import BadInput, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
+from gpt.train import extend
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
-                                  checkpoint_dir, complete_tags, damage, is_universal, json_kind, kept_because,
-                                  model_states, newest_intact, unverified)
+                                  checkpoint_dir, complete_tags, damage, is_universal, json_kind, model_states,
+                                  newest_intact, unverified)
 from gpt.train.out_dir import check_fresh_out_dir
 
 
@@ -30,10 +31,11 @@ def find_resume(settings):
 def plan_resume(resume_from, saved, current, settings):
     """How resume_from (its run_config `saved`) loads into the run `current` describes (resume_kind), once every
     check that refuses it passed: the weights and the data position fit, the train shards are the same, the run
-    would overwrite no later checkpoint, and steps are left. Raises BadInput."""
+    would overwrite no later checkpoint (a wsd run's cooldown, extended in place, moves aside), and steps are left.
+    Raises BadInput."""
     check_compatible(resume_from, saved, current)
     check_same_data(resume_from, saved, current, settings.data.dir, settings.data.reset_data_position)
-    check_resume_target(resume_from, settings.run.out_dir)
+    check_resume_target(resume_from, settings.run.out_dir, settings.optimizer.max_steps)
     check_steps_left(resume_from, settings.optimizer.max_steps)
     return resume_kind(saved, current)
 
@@ -75,23 +77,26 @@ def _find_checkpoint(resume, out_dir):
     raise BadInput(f"{path}: {'no complete checkpoint found' if path.exists() else 'not found'}")
 
 
-def check_resume_target(resume_from, out_dir):
+def check_resume_target(resume_from, out_dir, max_steps):
     """Where the resumed run will write must hold nothing it would overwrite or mix with: resuming an
     older step of out_dir's own run would overwrite its later checkpoints step by step and prune the new
     ones in their favour (damaged later steps are set aside instead); resuming another directory's
-    checkpoint into an out_dir holding a run of its own would do the same to that run."""
+    checkpoint into an out_dir holding a run of its own would do the same to that run. One exception: a wsd run
+    extended from its cooldown's start with a larger --max_steps, whose cooldown moves aside first: returns that
+    Cooldown (gpt/train/extend.py), else None."""
     ckpt_dir = checkpoint_dir(out_dir)
     if not ckpt_dir.is_dir() or Path(resume_from).parent.resolve() != ckpt_dir.resolve():
         return check_fresh_out_dir(out_dir)
+    cooldown = extend.finished_cooldown(resume_from, out_dir)
+    if cooldown:
+        extend.check_extension(cooldown, max_steps)
+        return cooldown
     later = [t for t in complete_tags(ckpt_dir) if t > Path(resume_from).name
              and not damage(ckpt_dir / t, contents=True)]
-    if later and kept_because(resume_from):  # a wsd run's cooldown start: extended elsewhere, its cooldown kept
-        raise BadInput(f"--resume {resume_from}: the checkpoint at the cooldown's start of the run in {out_dir}, "
-                       f"whose cooldown's checkpoints (up to {later[-1]}) this run would overwrite: extend it into a "
-                       f"new --out_dir")
     if later:
         raise BadInput(f"--resume {resume_from}: {ckpt_dir} holds later checkpoints (up to {later[-1]}) "
                        f"that this run would overwrite: resume it into another --out_dir")
+    return None
 
 
 def saved_step(path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpt.console import BadInput, launched_rank
 from gpt.runtime import lock_file
+from gpt.train import extend
 from gpt.train.out_dir import check_fresh_out_dir
 from gpt.train.resume import check_resume_target
 
@@ -55,10 +56,12 @@ def acquire(out_dir, tries=5):
         raise refusal(out_dir, path) from None
 
 
-def lock_out_dir(out_dir, resume, resume_from):
+def lock_out_dir(out_dir, resume, resume_from, max_steps):
     """Rank 0 takes out_dir's run lock (acquire), then checks again, under it, that out_dir holds nothing this run
-    would overwrite (resume: --resume; resume_from: the checkpoint it found): a run that checked before another took
-    the lock may find it written to now. Returns (the lock or None, why this run is refused or None); other ranks
+    would overwrite (resume: --resume; resume_from: the checkpoint it found; max_steps: --max_steps): a run that
+    checked before another took the lock may find it written to now. A wsd run extended in its own out_dir moves its
+    finished cooldown aside here, before anything else is written (gpt/train/extend.py; the other ranks wait for it in
+    the process group's first collective). Returns (the lock or None, why this run is refused or None); other ranks
     take nothing."""
     if launched_rank() != 0:
         return None, None
@@ -70,7 +73,9 @@ def lock_out_dir(out_dir, resume, resume_from):
         if not resume:
             check_fresh_out_dir(out_dir)
         elif resume_from is not None:
-            check_resume_target(resume_from, out_dir)
+            cooldown = check_resume_target(resume_from, out_dir, max_steps)
+            if cooldown:
+                extend.move_aside(cooldown)
     except BadInput as e:
         lock.close()
         return None, e

@@ -82,8 +82,9 @@ def setup(settings):
     except BadInput as e:
         exit_with(e, 2)
     settings, resume_from, kind = prepared.settings, prepared.resume_from, prepared.resume_kind
-    # last: every check before it writes nothing
-    lock, refusal = run_lock.lock_out_dir(settings.run.out_dir, settings.checkpoint.resume, resume_from)
+    # last: every check before it writes nothing (here rank 0 moves a cooldown aside for a run extended in place)
+    lock, refusal = run_lock.lock_out_dir(settings.run.out_dir, settings.checkpoint.resume, resume_from,
+                                          settings.optimizer.max_steps)
     if kind == "universal" and refusal is None and launched_rank() == 0:
         refusal = universal.convert_once(resume_from)  # the other ranks wait for it in the rendezvous below
     if refusal and launched_world_size() == 1:
@@ -100,7 +101,9 @@ def setup(settings):
         hardware.make_deterministic(device_type)
     device = ranks.setup_distributed(allow_cpu_fp16=settings.run.cpu_fp16 and prepared.precision == "fp16",
                                     timeout_s=settings.run.collective_timeout)
-    if launched_world_size() > 1:  # only rank 0 knows: every rank ends now, not at the collective timeout
+    # Only rank 0 knows: every rank ends now, not at the collective timeout. And every rank waits here for what rank 0
+    # wrote above (a cooldown moved aside, a universal conversion) before the run reads or saves a checkpoint.
+    if launched_world_size() > 1:
         if ranks.mean_over_ranks(torch.tensor(float(refusal is not None), device=device)).item() > 0:
             # Hard: the rank that hosted the group's store may be gone already, and tearing the group down then
             # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).

@@ -431,7 +431,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_one_line_and_set_aside(
         resume.find_checkpoint(str(ckpt / "step_00000005"), tmp_path)
     with pytest.raises(BadInput, match="holds later checkpoints \\(up to step_00000003\\) that "
                                                          "this run would overwrite: resume it into another --out_dir"):
-        resume.check_resume_target(ckpt / "step_00000001", tmp_path)
+        resume.check_resume_target(ckpt / "step_00000001", tmp_path, 6)
     model = ckpt / "step_00000001" / "mp_rank_00_model_states.pt"
     written = model.stat().st_size
     os.truncate(model, written // 2)

@@ -106,13 +106,13 @@ def test_the_fresh_check_is_made_again_under_the_lock(tmp_path):
     second finds the first one's files (or the first one still holding it), and is refused."""
     from gpt.train.run_lock import lock_out_dir
     out_dir = tmp_path / "out"
-    first, refusal = lock_out_dir(out_dir, None, None)
+    first, refusal = lock_out_dir(out_dir, None, None, 10)
     assert refusal is None
     (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
-    lock, refusal = lock_out_dir(out_dir, None, None)
+    lock, refusal = lock_out_dir(out_dir, None, None, 10)
     assert lock is None and isinstance(refusal, BadInput)
     first.close()  # the first run ended
-    lock, refusal = lock_out_dir(out_dir, None, None)
+    lock, refusal = lock_out_dir(out_dir, None, None, 10)
     assert lock is None and isinstance(refusal, BadInput) and "holds an earlier run" in str(refusal)
     run_lock.acquire(out_dir).close()  # the refused run let go of the lock
 

@@ -1,11 +1,14 @@
 """The lr schedule, the extension and the target in tiny runs (the schedule's arithmetic: tests/unit/test_schedule.py):
 a wsd run holds its peak, then cools down; keeps its checkpoint at the cooldown's start whatever --save_every and
 --keep_last; resumed from it with a larger --max_steps, it holds the peak again up to its new cooldown, bit for bit the
-run that had that length from the start; --target_val_loss stops a run at the first validation at or below it, on one
-rank and on two."""
+run that had that length from the start, in a new --out_dir or in its own (its finished cooldown moved aside);
+--target_val_loss stops a run at the first validation at or below it, on one rank and on two."""
+import shutil
+
 import pytest
 
 from conftest import TINY, succeeded, train, two_rank_run
+from gpt.train import resume
 from gpt.train.schedule import Schedule
 
 WSD = [*TINY, "--total_batch_tokens", "512", "--lr_schedule", "wsd", "--cooldown_frac", "0.5", "--min_lr_ratio", "0",
@@ -57,14 +60,47 @@ def test_a_wsd_run_extended_from_its_cooldown_start_is_the_longer_run_bit_for_bi
     assert {s: losses["short"][s] for s in range(4)} == {s: losses["whole"][s] for s in range(4)}
 
 
-def test_an_extension_into_the_runs_own_out_dir_is_refused_before_it_overwrites_the_cooldown(extended,
-                                                                                               small_vocab_dir):
+@pytest.fixture(scope="module")
+def extended_in_place(extended, small_vocab_dir):
+    """A copy of the 8-step run, extended to 12 steps in its own out_dir from its cooldown's start: (its out_dir,
+    records, process)."""
+    root = extended[0]
+    shutil.copytree(root / "short", root / "in_place")
+    cooldown = root / "in_place" / "checkpoints" / "step_00000003"
+    return root / "in_place", *train(root / "in_place", small_vocab_dir, *WSD, "--max_steps", "12", "--resume",
+                                     str(cooldown))
+
+
+def test_a_wsd_run_extended_in_its_own_out_dir_moves_its_cooldown_aside_and_is_the_longer_run(extended,
+                                                                                              extended_in_place):
+    """The extension into a new --out_dir's losses and lrs, bit for bit (the 12-step run's, steps 0-3 being the 8-step
+    run's); the finished cooldown's checkpoint and metrics.jsonl byte for byte in cooldowns/to_step_8."""
+    root, (short, _), (longer, _), (whole, _) = extended
+    out_dir, records, proc = extended_in_place
+    archive = out_dir / "cooldowns" / "to_step_8"
+    assert (f"--resume {out_dir / 'checkpoints' / 'step_00000003'}: extending the run in {out_dir}: its cooldown to "
+            f"step 8 (checkpoints up to step_00000007) moved aside to {archive}, with a copy of metrics.jsonl as it "
+            f"was") in proc.stdout.splitlines()
+    last = root / "short" / "checkpoints" / "step_00000007"
+    for name in ("checkpoints/latest", "metrics.jsonl", *(f"checkpoints/{last.name}/{p.name}" for p in last.iterdir())):
+        assert (archive / name).read_bytes() == (root / "short" / name).read_bytes(), name
+    assert by_step(records, "loss") == by_step(whole, "loss") and by_step(records, "lr") == by_step(whole, "lr")
+    assert {s: by_step(records, "loss")[s] for s in range(4, 12)} == by_step(longer, "loss")
+    assert [by_step(records, "lr")[s] for s in (4, 5, 6)] == [PEAK] * 3
+    assert sorted(p.name for p in (out_dir / "checkpoints").glob("step_*")) == [
+        "step_00000003", "step_00000005", "step_00000011"]  # both cooldowns' starts, kept; the newest
+    assert resume.find_checkpoint("auto", out_dir) == out_dir / "checkpoints" / "step_00000011"
+
+
+def test_the_same_cooldown_again_into_the_runs_own_out_dir_is_refused(extended, small_vocab_dir):
     root = extended[0]
     cooldown = root / "short" / "checkpoints" / "step_00000003"
-    _, proc = train(root / "short", small_vocab_dir, *WSD, "--max_steps", "12", "--resume", str(cooldown), check=False)
+    _, proc = train(root / "short", small_vocab_dir, *WSD, "--max_steps", "8", "--resume", str(cooldown), check=False)
     assert (proc.returncode, proc.stderr) == (2, f"error: --resume {cooldown}: the checkpoint at the cooldown's start "
                                                  f"of the run in {root / 'short'}, whose cooldown's checkpoints (up to "
-                                                 f"step_00000007) this run would overwrite: extend it into a new "
+                                                 f"step_00000007) this run would overwrite: extend it with a "
+                                                 f"--max_steps larger than its 8 (its cooldown is then moved to "
+                                                 f"{root / 'short' / 'cooldowns' / 'to_step_8'}), or into a new "
                                                  f"--out_dir\n")
 
 
