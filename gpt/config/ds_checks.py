@@ -307,7 +307,9 @@ def trainer_problems(ds_config, path):
     found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
              f"default)" for key in auto_values(ds_config)]
     zero = zero_config(ds_config)
-    offloaded = [k for k in ("offload_optimizer", "offload_param") if getattr(zero, k) is not None]
+    # device "none" (Hugging Face's configs write it) is no offload to DeepSpeed, as an absent or null block is
+    offloaded = [k for k in ("offload_optimizer", "offload_param")
+                 if getattr(zero, k) is not None and getattr(zero, k).device != "none"]
     if offloaded:
         found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
                      f"CPU optimizer is untested here)")

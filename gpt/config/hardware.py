@@ -246,13 +246,19 @@ def cpu_peak_flops(dtype_name, threads):
                                         f"{units[1]} FLOP/cycle ({units[0]})")
 
 
+def usable_cores():
+    """The cores this process may run on (its CPU affinity: a container's or taskset's limit), else all of them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def peak_flops(device_type, dtype_name):
     """(peak FLOP/s per device, label) for MFU: the datasheet for known GPUs; on CPU what the CPU declares
-    (cpu_peak_flops) for the threads a rank runs on."""
+    (cpu_peak_flops) for the threads a rank runs on, at most the cores it may run on (OMP_NUM_THREADS=8 on 2 cores
+    runs 8 threads on 2 cores: the peak had counted 8)."""
     if device_type == "cuda":
         name = torch.cuda.get_device_name()
         for gpu, table in GPU_PEAK_FLOPS.items():
             if gpu in name and dtype_name in table:
                 return table[dtype_name], gpu
         return None, name
-    return cpu_peak_flops(dtype_name, torch.get_num_threads())
+    return cpu_peak_flops(dtype_name, min(torch.get_num_threads(), usable_cores()))

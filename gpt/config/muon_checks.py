@@ -142,8 +142,9 @@ def resume_problem(path, saved, current, kind):
     only, so Muon's momentum would be lost); None when it can."""
     was, now = optimizer_name(saved), optimizer_name(current)
     if was != now:
+        article = "an" if was == "AdamW" else "a"
         return (f"{path}: cannot resume: optimizer {was} in the checkpoint, {now} now (--ds_config): their states "
-                f"differ; resume with a {was} JSON, or start a new run from its weights (gpt-export, then "
+                f"differ; resume with {article} {was} JSON, or start a new run from its weights (gpt-export, then "
                 f"--init_from)")
     if now == "Muon" and kind == "universal":
         return (f"{path}: cannot resume Muon on another layout (saved on {saved['world_size']} rank(s) with ZeRO "

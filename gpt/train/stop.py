@@ -107,7 +107,7 @@ class StopRequest:
         self.requested = False
         self.starting = True
         self._leaving = False
-        self._first_signal_at = None  # in training
+        self._first_signal_at = self._first_signal = None  # in training: when the first signal came, its name
         self._launchers_seen_at = float("-inf")  # when asked() last looked at them
         self.checkpoint_stands = False  # whether a complete checkpoint of this run exists: what a stop at once leaves
         self.launchers = launcher_processes()
@@ -161,14 +161,15 @@ class StopRequest:
         checkpoint is saved (fit asks agreed() after each step); said at once. The same again, AT_ONCE_AFTER_S or
         more after the first arrived: exit now, without saving (a user who will not wait)."""
         if self._first_signal_at is None:
-            self._first_signal_at = now
+            self._first_signal_at, self._first_signal = now, name
             self.requested = self.requested or name
             self._say(f"{name}: finishing this step, then saving and exiting ({name} again, {AT_ONCE_AFTER_S:.0f} s "
                       f"or more from now, stops at once without saving)")
         elif now - self._first_signal_at >= AT_ONCE_AFTER_S:
             left = ("the last complete checkpoint stands (--resume auto continues from it)" if self.checkpoint_stands
                     else "this run has no checkpoint yet (a relaunch starts it from step 0)")
-            self._exit_now(f"error: stopped at once by a second {name}, without saving: {left}")
+            again = f"a second {name}" if name == self._first_signal else f"{name} after {self._first_signal}"
+            self._exit_now(f"error: stopped at once by {again}, without saving: {left}")
 
     @staticmethod
     def _say(line):

@@ -3,6 +3,7 @@ process group, --micro_batch auto's probe), builds a Trainer (engine, data, guar
 (each step: train, log, the guard's verdict; then evaluate and save), and turns what stops it into one message.
 train_ds.py is its command line; bench/train.py drives a Trainer through the same public methods: step,
 evaluate, save, close."""
+import os
 import sys
 import time
 from pathlib import Path
@@ -145,6 +146,7 @@ class Trainer:
         self.engine, self.model, loss_label = ds_engine.new_engine(setup, data.micro_batch, setup.grad_accum)
         self.device, self.grad_accum, self.run_config = setup.device, setup.grad_accum, setup.run_config
         self.hellaswag_examples = setup.hellaswag_examples
+        self.checkpoints_at = os.path.realpath(checkpoint.checkpoint_dir(settings.run.out_dir))  # as checked at start
         rank, self.world_size = ranks.rank(), ranks.world_size()
         self.train_loader = ShuffledTokenLoader(
             find_shards(data.dir, "train"), data.micro_batch, data.seq_len, rank, self.world_size,
@@ -291,12 +293,14 @@ class Trainer:
 
         def stop_here():
             return cut or cut_short()
-        if evaluation.val_every and (step % evaluation.val_every == 0 or last):
+        val_due, hellaswag_due, sample_due = (bool(every) and (step % every == 0 or last) for every in (
+            evaluation.val_every, self.hellaswag_examples and evaluation.eval_every, evaluation.sample_every))
+        if val_due:
             val = validation_loss(self.engine, self.val_set, self.device, cut_short=cut_short)
             cut = val is None
             if val is not None:
                 self.logger.log(step, {"val_loss": val}, console=f"step {step:5d} | val_loss {val:.4f}")
-        if self.hellaswag_examples and (step % evaluation.eval_every == 0 or last):
+        if hellaswag_due:
             scores = hellaswag.evaluate(self.engine, self.hellaswag_examples, self.device, self.model.config.block_size,
                                         self.settings.data.micro_batch, progress=True, cut_short=stop_here)
             cut = cut or scores is None
@@ -304,13 +308,13 @@ class Trainer:
                 self.logger.log(step, {"hellaswag/acc_norm": scores["acc_norm"], "hellaswag/acc": scores["acc"]},
                                 console=f"step {step:5d} | hellaswag acc_norm {scores['acc_norm']:.4f} "
                                         f"acc {scores['acc']:.4f} ({scores['examples']} examples)")
-        if evaluation.sample_every and (step % evaluation.sample_every == 0 or last) and self.engine.global_rank == 0:
+        if sample_due and self.engine.global_rank == 0:
             text = sample_text(self.model, evaluation.sample_tokens, self.settings.run.seed + self.engine.global_rank,
                                self.device, cut_short=stop_here)  # its own generator: the training RNG untouched
             if text is not None:
                 say(f"[rank {self.engine.global_rank}] sample at step {step}: {text!r}")
                 self.logger.text("samples", text, step)
-        if stop_here():
+        if (val_due or hellaswag_due or sample_due) and stop_here():  # nothing due: a stop had nothing to cut
             say0(f"step {step:5d} | evaluation skipped or cut short: stopping")
         return val
 
@@ -320,6 +324,11 @@ class Trainer:
         settings = self.settings
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):  # the same on every rank
             raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved", step)
+        ckpt_dir = checkpoint.checkpoint_dir(settings.run.out_dir)
+        if os.path.realpath(ckpt_dir) != self.checkpoints_at:  # a link made or changed mid-run: its pruning went there
+            raise BadInput(f"stopping: step {step} not saved: {ckpt_dir} leads to {os.path.realpath(ckpt_dir)} now, "
+                           f"not to {self.checkpoints_at} as when the run started (a symbolic link made or changed "
+                           f"since): it saves only where it started; undo the change, then --resume auto")
         client_state = {"step": step, "tokens": (step + 1) * settings.data.total_batch_tokens,
                         "loader": self.train_loader.state_dict()}
         began = time.perf_counter()
@@ -327,7 +336,7 @@ class Trainer:
             path = checkpoint.save(self.engine, settings.run.out_dir, step, client_state, self.run_config,
                                    settings.checkpoint.keep_last, settings.checkpoint.keep_every, kept)
         except (OSError, RuntimeError) as e:  # RuntimeError: DeepSpeed's and torch's C++ writers
-            problem = write_problem(checkpoint.checkpoint_dir(settings.run.out_dir) / checkpoint.tag_for(step), e)
+            problem = write_problem(ckpt_dir / checkpoint.tag_for(step), e)
             if problem is None:
                 raise
             raise DiskProblem(f"{problem}; that checkpoint is incomplete and will not be loaded") from None

@@ -44,6 +44,33 @@ def test_a_run_copied_as_links_and_resumed_leaves_the_original_as_it_was(trained
     assert not any(p.is_symlink() for p in (fork / "checkpoints" / "step_00000003").rglob("*"))
 
 
+def test_checkpoints_swapped_mid_run_for_a_link_into_another_run_stop_the_run_before_it_saves_there(
+        small_vocab_dir, tmp_path, monkeypatch):
+    """A user's `mv run/checkpoints ...; ln -s other/checkpoints run/checkpoints` after the run's first save: its next
+    save went into the other run's checkpoints, and its pruning (--keep_last 1) deleted that run's step."""
+    other, out = tmp_path / "other", tmp_path / "run"
+    (other / "checkpoints" / "step_00000000").mkdir(parents=True)
+    for name in ("metrics.jsonl", "checkpoints/latest", f"checkpoints/step_00000000/{checkpoint.COMPLETE}"):
+        (other / name).write_text(name)
+    before, save = contents(other), checkpoint.save
+
+    def save_then_swap(engine, out_dir, *args):
+        saved = save(engine, out_dir, *args)
+        if not (out / "checkpoints").is_symlink():
+            (out / "checkpoints").rename(out / "moved")
+            (out / "checkpoints").symlink_to(other / "checkpoints")
+        return saved
+    monkeypatch.setattr(checkpoint, "save", save_then_swap)
+    _, proc = train(out, small_vocab_dir, *TINY, "--max_steps", "3", "--total_batch_tokens", "256", "--save_every", "1",
+                    "--keep_last", "1", check=False)
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: stopping: step 1 not saved: {out}/checkpoints leads to {other}/checkpoints now, not to "
+        f"{out}/checkpoints as when the run started (a symbolic link made or changed since): it saves only where it "
+        f"started; undo the change, then --resume auto"]
+    assert contents(other) == before and checkpoint.complete_tags(out / "moved") == ["step_00000000"]
+
+
 @pytest.mark.slow
 def test_a_second_export_into_the_same_out_dir_is_refused_naming_the_first(trained_checkpoint, tmp_path):
     """Two at once, of different steps, both wrote: the one that said "exported .../step_00000007" left step 3's

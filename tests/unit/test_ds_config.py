@@ -189,3 +189,15 @@ def test_deepspeeds_own_assert_on_a_spelling_of_true_is_one_line_naming_the_key(
     assert ds_checks.problems({**FP32, "fp16": {"enabled": True, "fp16_master_weights_and_grads": "yes"},
                                "zero_optimization": {"stage": 0}}, "P") == [
         "P: fp16: Fp16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3."]
+
+
+@pytest.mark.parametrize("block", ["offload_optimizer", "offload_param"])
+def test_an_offload_block_on_device_none_is_no_offload_as_deepspeed_reads_it(block):
+    """Hugging Face's configs write `"offload_optimizer": {"device": "none"}`: DeepSpeed offloads nothing, as with no
+    block at all, and the check had refused it as offload."""
+    def zero(offload):
+        return {**FP32, "zero_optimization": {**FP32["zero_optimization"], block: offload}}
+    assert ds_checks.problems(zero({"device": "none", "pin_memory": "true"}), "P") == []
+    assert ds_checks.problems(zero({"device": "cpu"}), "P") == [
+        f"P: zero_optimization.{block} is not supported by this trainer (ZeRO-Offload's CPU optimizer is untested "
+        f"here)"]

@@ -204,6 +204,17 @@ def test_the_cpu_peak_is_what_the_cpu_declares_never_a_timing(monkeypatch, bf16_
     assert hardware.cpu_peak_flops("fp32", 4) == (None, "nothing (this CPU declares no clock)")
 
 
+def test_the_cpu_peak_counts_at_most_the_cores_the_rank_may_run_on(monkeypatch):
+    """OMP_NUM_THREADS=8 on 2 cores runs 8 threads on 2 cores: the header had said "8 core(s)", MFU 4x too low."""
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx512f"})
+    monkeypatch.setattr(hardware, "cpu_clock_hz", lambda: 2.5e9)
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
+    for threads, cores in ((8, 2), (1, 1)):
+        monkeypatch.setattr(hardware.torch, "get_num_threads", lambda: threads)
+        assert hardware.peak_flops("cpu", "fp32") == (
+            cores * 2.5e9 * 64, f"cpu peak (fp32): {cores} core(s) x 2.50 GHz x 64 FLOP/cycle (avx512f)")
+
+
 def test_the_clock_is_cpufreqs_highest_else_the_model_names_else_the_reported_one(tmp_path):
     cpufreq, cpuinfo = tmp_path / "cpuinfo_max_freq", tmp_path / "cpuinfo"
     cpufreq.write_text("3700000\n")

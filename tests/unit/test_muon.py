@@ -62,6 +62,13 @@ def test_each_muon_problem_is_one_line(config, line):
     assert ds_checks.problems(config, "P") == [line]
 
 
+def test_a_resume_across_optimizers_names_the_json_the_checkpoint_needs():
+    saved, current = {}, {"optimizer": "Muon"}  # an AdamW run records no optimizer
+    assert muon_checks.resume_problem("P", saved, current, "exact") == (
+        "P: cannot resume: optimizer AdamW in the checkpoint, Muon now (--ds_config): their states differ; resume with "
+        "an AdamW JSON, or start a new run from its weights (gpt-export, then --init_from)")
+
+
 def test_clipping_stays_where_deepspeed_clips_the_gradient():
     """BF16_Optimizer (bf16, ZeRO 1, fp32 accumulation) clips before Muon orthogonalises: a clip is allowed there."""
     assert ds_checks.problems({**shipped("zero1_bf16_muon.json"), "gradient_clipping": 1.0}, "P") == []

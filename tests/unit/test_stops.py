@@ -103,6 +103,9 @@ def test_in_training_a_stop_is_said_at_once_and_a_second_one_later_ends_the_rank
         request._signal_in_training("SIGINT", 101.0 + stop.AT_ONCE_AFTER_S)
         assert exits[1:] == ["error: stopped at once by a second SIGINT, without saving: the last complete "
                              "checkpoint stands (--resume auto continues from it)"]
+        request._signal_in_training("SIGTERM", 102.0 + stop.AT_ONCE_AFTER_S)  # not a second SIGTERM: named as it is
+        assert exits[2:] == ["error: stopped at once by SIGTERM after SIGINT, without saving: the last complete "
+                             "checkpoint stands (--resume auto continues from it)"]
     finally:
         request.close()
 
@@ -337,3 +340,22 @@ def test_the_ctrl_c_of_a_tools_imports_is_set_in_a_tools_process_alone(argv, too
     from gpt.console import run_as_a_console_tool
 
     assert run_as_a_console_tool(argv) is tool
+
+
+def test_a_stop_says_evaluation_was_cut_only_at_a_step_with_an_evaluation_due(monkeypatch, capsys):
+    """A SIGUSR1 to a run with --val_every 0 --sample_every 0 had said `evaluation skipped or cut short` at its
+    stop, with no evaluation there to skip."""
+    from types import SimpleNamespace
+
+    from gpt.train import trainer
+
+    monkeypatch.setattr(trainer, "validation_loss", lambda *args, **kwargs: None)  # cut short by the stop
+
+    def stopped_at(step, val_every):
+        evaluation = SimpleNamespace(val_every=val_every, eval_every=250, sample_every=0, sample_tokens=64)
+        run = SimpleNamespace(settings=SimpleNamespace(evaluation=evaluation), hellaswag_examples=None,
+                              engine=SimpleNamespace(global_rank=0), val_set=None, device=None)
+        trainer.Trainer.evaluate(run, step, cut_short=lambda: True)
+        return capsys.readouterr().out
+    assert stopped_at(4, val_every=0) == stopped_at(4, val_every=5) == ""
+    assert stopped_at(5, val_every=5) == "step     5 | evaluation skipped or cut short: stopping\n"
