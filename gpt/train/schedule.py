@@ -47,8 +47,8 @@ class Schedule:
         decay_start = self.warmup_steps if self.lr_schedule == "cosine" else self.cooldown_start()
         if step >= self.max_steps or self.max_steps == decay_start:
             return min_lr
-        if step < decay_start:  # wsd's constant phase
-            return max_lr
+        if self.lr_schedule == "wsd" and step <= decay_start:  # the peak, exactly, up to the cooldown's first step
+            return max_lr  # (where the decay's formula gives an ulp less, and an extension from it seemed to rise)
         progress = (step - decay_start) / (self.max_steps - decay_start)
         if self.lr_schedule == "cosine":  # (DeepSpeed's WarmupCosineLR starts warmup at 0, its cosine a step later)
             return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
