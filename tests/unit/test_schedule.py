@@ -69,7 +69,10 @@ def test_the_cooldown_start_rounds_its_share_and_a_longer_run_keeps_the_peak_to_
     (20, 0.5, None), (0, 1.0, None)])
 def test_a_cooldown_must_fit_after_the_warmup(warmup, frac, problem):
     assert Schedule(1e-3, warmup, 40, 0.1, "wsd", frac).problem() == problem
-    assert Schedule(1e-3, warmup, 40, 0.1, "cosine", frac).problem() is None  # cosine has no cooldown
+    assert Schedule(1e-3, warmup, 40, 0.1, "cosine", frac).problem() == (  # cosine has no cooldown: not ignored
+        None if frac == 0.5 else f"--cooldown_frac {frac} applies to --lr_schedule wsd, not cosine")
+    assert Schedule(1e-3, warmup, 40, 0.1, "cosine", 0.5, "sqrt").problem() == (
+        "--cooldown_shape sqrt applies to --lr_schedule wsd, not cosine")
 
 
 def test_every_name_the_flags_take_is_a_schedule():
