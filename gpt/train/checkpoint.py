@@ -202,10 +202,11 @@ def complete_tags(ckpt_dir):
     return sorted(p.name for p in ckpt_dir.iterdir() if TAG_PATTERN.match(p.name) and (p / COMPLETE).exists())
 
 
-def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every, kept=None):
+def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every, kept=None, val_loss=None):
     """Save on every rank (DeepSpeed requires it). `latest` moves only once every rank has written its
     part and the checkpoint is marked complete, so a crash mid-save leaves the previous one loadable. kept: why
-    pruning must never remove this one (its complete.json says so), or None."""
+    pruning must never remove this one (its complete.json says so), or None. val_loss: this step's validation loss,
+    in complete.json too (a resume under --target_val_loss reads it), or None."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
 
     ckpt_dir = checkpoint_dir(out_dir)
@@ -229,7 +230,9 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every,
         sizes = file_sizes(ckpt_dir / tag)
         crcs = checksums(ckpt_dir / tag, list(sizes))
         with atomic_write(ckpt_dir / tag / COMPLETE) as tmp:
-            tmp.write_text(json.dumps({"step": step, "files": sizes, "crc32": crcs} | ({"kept": kept} if kept else {})))
+            marks = {"kept": kept, "val_loss": val_loss}
+            tmp.write_text(json.dumps({"step": step, "files": sizes, "crc32": crcs}
+                                      | {key: value for key, value in marks.items() if value is not None}))
         with atomic_write(ckpt_dir / LATEST) as tmp:
             tmp.write_text(tag)
         prune(ckpt_dir, keep_last, keep_every)
@@ -264,13 +267,18 @@ def remove(path):
 
 
 def kept_because(path):
-    """Why a complete checkpoint is never pruned (saved with `kept`), or None; None too for an unreadable marker
-    (damage() says what is wrong with it)."""
+    """Why a complete checkpoint is never pruned (saved with `kept`), or None."""
+    return marked(path, "kept")
+
+
+def marked(path, key):
+    """What save() wrote under `key` (kept, val_loss) in a complete checkpoint's marker, or None; None too for an
+    unreadable marker (damage() says what is wrong with it)."""
     try:
         marker = json.loads((Path(path) / COMPLETE).read_text())
     except (OSError, ValueError):
         return None
-    return marker.get("kept") if isinstance(marker, dict) else None
+    return marker.get(key) if isinstance(marker, dict) else None
 
 
 def newest_intact(ckpt_dir):

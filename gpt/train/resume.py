@@ -11,8 +11,8 @@ from gpt.console import BadInput, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
 from gpt.train import extend
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
-                                  checkpoint_dir, complete_tags, damage, is_universal, json_kind, model_states,
-                                  newest_intact, unverified)
+                                  checkpoint_dir, complete_tags, damage, is_universal, json_kind, marked,
+                                  model_states, newest_intact, unverified)
 from gpt.train.out_dir import check_fresh_out_dir
 
 
@@ -31,12 +31,13 @@ def find_resume(settings):
 def plan_resume(resume_from, saved, current, settings):
     """How resume_from (its run_config `saved`) loads into the run `current` describes (resume_kind), once every
     check that refuses it passed: the weights and the data position fit, the train shards are the same, the run
-    would overwrite no later checkpoint (a wsd run's cooldown, extended in place, moves aside), and steps are left.
-    Raises BadInput."""
+    would overwrite no later checkpoint (a wsd run's cooldown, extended in place, moves aside), and steps are left
+    (the target not reached). Raises BadInput."""
     check_compatible(resume_from, saved, current)
     check_same_data(resume_from, saved, current, settings.data.dir, settings.data.reset_data_position)
     check_resume_target(resume_from, settings.run.out_dir, settings.optimizer.max_steps)
     check_steps_left(resume_from, settings.optimizer.max_steps)
+    check_target_left(resume_from, settings.evaluation.target_val_loss)
     return resume_kind(saved, current)
 
 
@@ -111,6 +112,17 @@ def check_steps_left(resume_from, max_steps):
         raise BadInput(f"--max_steps {max_steps}: nothing left to train: {resume_from} was saved after step "
                        f"{step}, and --max_steps {max_steps} ends after step {max_steps - 1}; raise --max_steps "
                        f"to train on")
+
+
+def check_target_left(resume_from, target):
+    """A run that stopped at its --target_val_loss, resumed under the same (`--resume auto` again), would train on to
+    its next validation and stop there: refused, as a resume with no step left is."""
+    val_loss = marked(resume_from, "val_loss")  # None: saved without a validation at its step
+    if target is None or type(val_loss) not in (int, float) or not val_loss <= target:  # NaN: not reached
+        return
+    raise BadInput(f"--target_val_loss {target}: nothing left to train: {resume_from} was saved after step "
+                   f"{saved_step(resume_from)} at val_loss {val_loss:.4f}, at or below it; lower --target_val_loss or "
+                   f"leave it out to train on")
 
 
 # run_config.json's keys read by the trainer's resume and the console scripts, and what each must hold

@@ -47,8 +47,8 @@ class Schedule:
         decay_start = self.warmup_steps if self.lr_schedule == "cosine" else self.cooldown_start()
         if step >= self.max_steps or self.max_steps == decay_start:
             return min_lr
-        if step < decay_start:  # wsd's constant phase
-            return max_lr
+        if self.lr_schedule == "wsd" and step <= decay_start:  # the peak, exactly, up to the cooldown's first step
+            return max_lr  # (where the decay's formula gives an ulp less, and an extension from it seemed to rise)
         progress = (step - decay_start) / (self.max_steps - decay_start)
         if self.lr_schedule == "cosine":  # (DeepSpeed's WarmupCosineLR starts warmup at 0, its cosine a step later)
             return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
@@ -64,9 +64,13 @@ class Schedule:
         return self.max_steps - self.cooldown_steps() if self.lr_schedule == "wsd" else None
 
     def problem(self):
-        """Why a wsd cooldown does not fit into the run after its warmup, in one line; or None."""
+        """Why the cooldown's flags do not fit, in one line, or None: one given to a cosine run, which has no
+        cooldown (it was ignored without a word), or a wsd cooldown that does not fit into the run after its warmup."""
         if self.lr_schedule != "wsd":
-            return None
+            unused = [name for name in ("cooldown_frac", "cooldown_shape")
+                      if getattr(self, name) != getattr(OptimizerSection, name)]  # the default: given or not, no harm
+            return (f"--{unused[0]} {getattr(self, unused[0])} applies to --lr_schedule wsd, not {self.lr_schedule}"
+                    if unused else None)
         if self.cooldown_steps() < 1:
             return (f"--cooldown_frac {self.cooldown_frac}: a cooldown of {self.cooldown_frac} x --max_steps "
                     f"{self.max_steps} rounds to no step")

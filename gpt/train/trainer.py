@@ -252,7 +252,7 @@ class Trainer:
             stopping = stop.agreed(self.device)
             save_every, at_cooldown = settings.checkpoint.save_every, step + 1 == cooldown_start
             if last or stopping or reached or at_cooldown or (save_every and (step + 1) % save_every == 0):
-                self.save(step, kept=COOLDOWN_KEPT if at_cooldown else None)
+                self.save(step, kept=COOLDOWN_KEPT if at_cooldown else None, val_loss=val)
                 stop.saved()
             if reached:
                 tokens = (step + 1) * settings.data.total_batch_tokens
@@ -318,9 +318,10 @@ class Trainer:
             say0(f"step {step:5d} | evaluation skipped or cut short: stopping")
         return val
 
-    def save(self, step, kept=None):
+    def save(self, step, kept=None, val_loss=None):
         """A checkpoint of this step (gpt/train/checkpoint.py), with the data position; refuses weights that are
-        not finite. kept: why pruning must never remove it. A full or read-only disk raises DiskProblem."""
+        not finite. kept: why pruning must never remove it; val_loss: the step's, if taken. A full or read-only disk
+        raises DiskProblem."""
         settings = self.settings
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):  # the same on every rank
             raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved", step)
@@ -334,7 +335,7 @@ class Trainer:
         began = time.perf_counter()
         try:
             path = checkpoint.save(self.engine, settings.run.out_dir, step, client_state, self.run_config,
-                                   settings.checkpoint.keep_last, settings.checkpoint.keep_every, kept)
+                                   settings.checkpoint.keep_last, settings.checkpoint.keep_every, kept, val_loss)
         except (OSError, RuntimeError) as e:  # RuntimeError: DeepSpeed's and torch's C++ writers
             problem = write_problem(ckpt_dir / checkpoint.tag_for(step), e)
             if problem is None:

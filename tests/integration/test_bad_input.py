@@ -260,6 +260,8 @@ TRAIN_CASES = [
      "error: --cooldown_frac 0.01: a cooldown of 0.01 x --max_steps 10 rounds to no step"),
     (["--lr_schedule", "trapezoid"], "error: argument --lr_schedule: invalid choice: 'trapezoid' (choose from 'cosine', "
                                      "'wsd')"),
+    (["--cooldown_frac", "0.3", "--cooldown_shape", "sqrt"],  # without --lr_schedule wsd: it was ignored
+     "error: --cooldown_frac 0.3 applies to --lr_schedule wsd, not cosine"),
     (["--target_val_loss", "0"], "error: --target_val_loss 0.0 must be a finite number > 0"),
     (["--target_val_loss", "inf"], "error: --target_val_loss inf must be a finite number > 0"),
     (["--target_val_loss", "4.5", "--val_every", "0"],

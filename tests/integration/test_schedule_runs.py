@@ -117,6 +117,13 @@ def test_a_run_stops_at_the_first_validation_at_or_below_its_target(extended, tm
     target = records[-1]
     assert (target["step"], target["target_val_loss"], target["target_tokens"]) == (4, vals[4], 2560)
     assert 0 < target["target_seconds"] == pytest.approx(float(line.split(", ")[-1].split(" s ")[0]), abs=0.05)
+    # the run is done: `--resume auto` under the same target would have trained on to its next validation
+    _, proc = train(tmp_path, small_vocab_dir, *WSD, "--max_steps", "12", "--target_val_loss", repr(vals[4]),
+                    "--resume", "auto", check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"error: --target_val_loss {vals[4]!r}: nothing left to train: "
+                                                 f"{tmp_path / 'checkpoints' / 'step_00000004'} was saved after step 4 "
+                                                 f"at val_loss {vals[4]:.4f}, at or below it; lower --target_val_loss "
+                                                 f"or leave it out to train on\n")
 
 
 @pytest.mark.two_rank_runs({"target_on_two_ranks": two_rank_run(

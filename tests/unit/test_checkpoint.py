@@ -1,5 +1,6 @@
-"""DeepSpeed's CPU Adam resumed at its 6th step; a checkpoint's files summed beside its universal form being made
-(checkpoints through real runs: tests/integration/test_checkpoint_runs.py)."""
+"""DeepSpeed's CPU Adam resumed at its 6th step; a checkpoint's files summed beside its universal form being made; a
+resume of a checkpoint whose validation loss reached --target_val_loss (checkpoints through real runs:
+tests/integration/test_checkpoint_runs.py)."""
 import copy
 import errno
 import os
@@ -10,8 +11,10 @@ import pytest
 import torch
 from deepspeed.ops.adam import FusedAdam
 
+from gpt.console import BadInput
 from gpt.train import checkpoint, universal
 from gpt.train.engine import replay_adam_step_count
+from gpt.train.resume import check_target_left
 
 
 @pytest.mark.parametrize("replayed", [True, False])
@@ -63,3 +66,22 @@ def test_a_checkpoints_files_are_summed_without_walking_its_universal_form_being
         return scandir(path)
     monkeypatch.setattr(os, "scandir", vanishing)
     assert checkpoint.file_sizes(step) == {"mp_rank_00_model_states.pt": 10, "zero/wte/fp32.pt": 3}
+
+
+@pytest.mark.parametrize("marker, target, refused", [
+    ('{"step": 4, "val_loss": 5.5}', 5.5, True), ('{"step": 4, "val_loss": 5.5}', 6.0, True),
+    ('{"step": 4, "val_loss": 5.5}', 5.4, False), ('{"step": 4, "val_loss": 5.5}', None, False),
+    ('{"step": 4}', 6.0, False), ('{"step": 4, "val_loss": NaN}', 6.0, False), ('{"step": 4, "val_loss": "5"}', 6.0,
+                                                                                 False)])
+def test_a_resume_of_a_checkpoint_whose_val_loss_reached_the_target_is_refused(tmp_path, marker, target, refused):
+    """A run stopped at its target and resumed under it (`--resume auto` again) would train on to its next validation:
+    nothing is left to train. A lower target, none, or a save without a validation (or an odd value) trains on."""
+    (tmp_path / checkpoint.COMPLETE).write_text(marker)
+    if not refused:
+        assert check_target_left(tmp_path, target) is None
+        return
+    with pytest.raises(BadInput) as error:
+        check_target_left(tmp_path, target)
+    assert str(error.value) == (f"--target_val_loss {target}: nothing left to train: {tmp_path} was saved after step 4 "
+                                f"at val_loss 5.5000, at or below it; lower --target_val_loss or leave it out to train "
+                                f"on")

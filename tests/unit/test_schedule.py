@@ -69,7 +69,10 @@ def test_the_cooldown_start_rounds_its_share_and_a_longer_run_keeps_the_peak_to_
     (20, 0.5, None), (0, 1.0, None)])
 def test_a_cooldown_must_fit_after_the_warmup(warmup, frac, problem):
     assert Schedule(1e-3, warmup, 40, 0.1, "wsd", frac).problem() == problem
-    assert Schedule(1e-3, warmup, 40, 0.1, "cosine", frac).problem() is None  # cosine has no cooldown
+    assert Schedule(1e-3, warmup, 40, 0.1, "cosine", frac).problem() == (  # cosine has no cooldown: not ignored
+        None if frac == 0.5 else f"--cooldown_frac {frac} applies to --lr_schedule wsd, not cosine")
+    assert Schedule(1e-3, warmup, 40, 0.1, "cosine", 0.5, "sqrt").problem() == (
+        "--cooldown_shape sqrt applies to --lr_schedule wsd, not cosine")
 
 
 def test_every_name_the_flags_take_is_a_schedule():
@@ -98,3 +101,12 @@ def test_a_checkpoint_saved_before_the_schedule_flags_existed_was_a_cosine_run()
     was = now.as_recorded({"lr": 6e-4, "warmup_steps": 2, "max_steps": 10, "min_lr_ratio": 0.1, "seed": 1})
     assert was == OptimizerSettings(6e-4, 0.1, 2, 10, 0.1) and was.lr_schedule == "cosine"
     assert now.as_recorded({**vars(now), "max_steps": 12}) == OptimizerSettings(1e-3, 0.1, 2, 12, 0.0, "wsd", 0.4, "sqrt")
+
+
+@pytest.mark.parametrize("lr, ratio, shape", [(6e-4, 0.1, "linear"), (3e-3, 0.1, "sqrt"), (1e-3, 0.3, "linear")])
+def test_the_cooldowns_first_step_is_the_peak_exactly_and_extending_from_it_raises_nothing(lr, ratio, shape):
+    """With a floor above 0 the decay's formula at progress 0 is an ulp below the peak (6e-4 at --min_lr_ratio 0.1:
+    0.0005999999999999998), and the documented extension said it raised a decayed lr."""
+    run, longer = (Schedule(lr, 2, steps, ratio, "wsd", 0.5, shape) for steps in (12, 20))
+    assert run.lr_at(run.cooldown_start()) == lr and run.lr_at(run.cooldown_start() + 1) < lr
+    assert longer.rewarming(run, run.cooldown_start()) == ""
