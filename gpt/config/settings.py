@@ -19,6 +19,9 @@ MAX_STEPS = 10**8  # checkpoints are named step_%08d (gpt.train.checkpoint.TAG_P
 MAX_TOTAL_BATCH_TOKENS = 2**32  # 4.3B tokens per step, ~270x the largest published batches (16M, Llama 3): hours a step
 MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600  # seconds; far beyond, datetime.timedelta overflows
 MAX_SAMPLE_TOKENS = 4096  # 4x GPT-2's context; rank 0 samples while the other ranks wait for it at the next collective
+# --lr_schedule's and --cooldown_shape's names (gpt/train/schedule.py, whose tests keep them equal)
+LR_SCHEDULES = ("cosine", "wsd")
+COOLDOWN_SHAPES = ("linear", "sqrt")
 
 
 SEED_LIMIT = 2**63  # numpy's and torch's generators take a seed in [0, 2**63): none negative, none wider
@@ -151,14 +154,24 @@ class DataSection(Section):
 
 @dataclass(frozen=True)
 class OptimizerSection(Section):
-    """AdamW's schedule and the spike guard: the GPT-3 warmup and cosine, weight decay, skipped updates."""
+    """The optimizer's schedule and the spike guard: the warmup, cosine or warmup-stable-decay (gpt/train/schedule.py),
+    weight decay, skipped updates."""
     max_steps: int = setting(19073, "optimizer steps (19073 x 0.5M = 10B tokens)",
                              at_least=1, at_most=MAX_STEPS, why="checkpoint names hold 8 digits")
     lr: float = setting(6e-4, "peak learning rate", above=0)
     warmup_steps: int | None = setting(
         None, f"linear warmup steps (default {GPT3_WARMUP_STEPS}, or max_steps // 10 for shorter runs)", type=int)
-    min_lr_ratio: float = setting(0.1, "cosine decays to lr x this", check=lambda flag, value: None if 0 <= value <= 1
+    min_lr_ratio: float = setting(0.1, "the schedule decays to lr x this (0 allowed)",
+                                  check=lambda flag, value: None if 0 <= value <= 1
                                   else f"--{flag} {value} must lie in [0, 1]")  # NaN too
+    lr_schedule: str = setting("cosine", "cosine (GPT-3's: decay from the warmup's end) or wsd (warmup-stable-decay: "
+                                         "the peak held, then a cooldown over the last --cooldown_frac of the run)",
+                               choices=LR_SCHEDULES)
+    cooldown_frac: float = setting(0.5, "wsd: the share of --max_steps in the final cooldown, in (0, 1]",
+                                   check=lambda flag, value: None if 0 < value <= 1
+                                   else f"--{flag} {value} must lie in (0, 1]")  # NaN too
+    cooldown_shape: str = setting("linear", "wsd: the cooldown's shape, linear or sqrt (1 - sqrt, Hägele et al. 2024)",
+                                  choices=COOLDOWN_SHAPES)
     weight_decay: float = setting(0.1, "on matrices and embeddings only", at_least=0)
     skip_loss_z: float = setting(
         0.0, "skip the update when the loss is this many sigmas above the recent window (0: off)", at_least=0)
@@ -192,6 +205,8 @@ class EvaluationSection(Section):
         type=path_arg)
     eval_every: int | None = setting(None, f"HellaSwag every N steps (with --hellaswag; default {EVAL_EVERY})",
                                      at_least=1, type=int)
+    target_val_loss: float | None = setting(
+        None, "stop (saving) at the first validation whose loss is at or below this", above=0, type=float)
     sample_every: int = setting(1000, "print samples every N steps (0: off)", at_least=0)
     sample_tokens: int = setting(64, "new tokens per sample", at_least=1, at_most=MAX_SAMPLE_TOKENS,
                                  why="rank 0 samples while the other ranks wait for it")
@@ -263,11 +278,12 @@ class Settings:
 SECTIONS = {f.name: f.type for f in fields(Settings)}  # section -> its dataclass
 # The flags in the order of --help and of what a checkpoint records: the order they had before the sections.
 FLAG_ORDER = ("ds_config", "model", "n_layer", "n_embd", "n_head", "vocab_size", "seq_len", "micro_batch",
-              "total_batch_tokens", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "data", "out_dir",
-              "val_every", "val_tokens", "hellaswag", "eval_every", "sample_every", "sample_tokens", "seed",
-              "save_every", "keep_last", "keep_every", "resume", "reset_data_position", "init_from", "skip_loss_z",
-              "skip_grad_z", "max_bad_steps", "compile", "loss", "deterministic", "profile", "cpu_fp16",
-              "collective_timeout", "local_rank")
+              "total_batch_tokens", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "lr_schedule", "cooldown_frac",
+              "cooldown_shape", "weight_decay", "data", "out_dir", "val_every", "val_tokens", "target_val_loss",
+              "hellaswag", "eval_every", "sample_every", "sample_tokens", "seed", "save_every", "keep_last",
+              "keep_every", "resume", "reset_data_position", "init_from", "skip_loss_z", "skip_grad_z",
+              "max_bad_steps", "compile", "loss", "deterministic", "profile", "cpu_fp16", "collective_timeout",
+              "local_rank")
 FIELDS = {flag_of(f): (section, f)  # flag -> (section, its field)
           for section, section_class in SECTIONS.items() for f in fields(section_class)}
 FLAGS = {flag: (FIELDS[flag][0], FIELDS[flag][1].name) for flag in FLAG_ORDER}  # flag -> (section, field name)

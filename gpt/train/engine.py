@@ -1,11 +1,12 @@
 """The model a run trains, in DeepSpeed's engine: a GPT of the run's shape (new_engine), wrapped as torchtitan's
 parallelize wraps one (wrap: the loss, activation checkpointing, compile, in that order), inside deepspeed.initialize
-with the batch the run decided (fill), AdamW, the GPT-3 schedule and the weight-decay groups; the spike guard on its
+with the batch the run decided (fill), AdamW, the lr schedule and the weight-decay groups; the spike guard on its
 updates, and the optimizer state a checkpoint cannot hold. Every engine a run steps is built here (the run's, the
 probe's throwaway ones, gpt-plan --measure's, the bench's), so that each measures the step the run takes; and this is
 the one place that says how a model is compiled, and how compiled code is dropped again (forget_compiled_code)."""
 import contextlib
 import copy
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -14,11 +15,13 @@ import torch
 
 from gpt.runtime import accelerator, ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.config import ds_config as dsc, muon_checks
+from gpt.config.settings import OptimizerSection
 from gpt.console import say0
 from gpt.model import loss as losses
 from gpt.model.model import GPT
 from gpt.train import muon
 from gpt.train.hf import load_hf_weights
+from gpt.train.schedule import Schedule
 
 import deepspeed  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
@@ -169,38 +172,44 @@ def replay_adam_step_count(engine):
                                beta2, 0.0, step, adam.adam_w_mode, 1, 0.0)
 
 
-# The optimizer's inputs DeepSpeed does not provide in our form: the GPT-3 learning-rate schedule and
+# The optimizer's inputs DeepSpeed does not provide in our form: the learning-rate schedule (gpt/train/schedule.py) and
 # the weight-decay parameter groups. Plain torch: bench/ and tests use them without DeepSpeed.
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """What the run decides about AdamW and its schedule (betas, eps and clipping are in the JSON)."""
+    """What the run decides about the optimizer and its schedule (betas, eps and clipping are in the JSON)."""
     lr: float
     weight_decay: float
     warmup_steps: int
     max_steps: int
     min_lr_ratio: float
+    lr_schedule: str = OptimizerSection.lr_schedule
+    cooldown_frac: float = OptimizerSection.cooldown_frac
+    cooldown_shape: str = OptimizerSection.cooldown_shape
 
     @classmethod
     def of(cls, section):
         """From a run's optimizer section (gpt.config.settings.OptimizerSection), which also holds the guard's."""
-        return cls(section.lr, section.weight_decay, section.warmup_steps, section.max_steps, section.min_lr_ratio)
+        return cls(section.lr, section.weight_decay, section.warmup_steps, section.max_steps, section.min_lr_ratio,
+                   section.lr_schedule, section.cooldown_frac, section.cooldown_shape)
+
+    SCHEDULE_FLAGS = ("lr", "warmup_steps", "max_steps", "min_lr_ratio", "lr_schedule", "cooldown_frac",
+                      "cooldown_shape")
+
+    def as_recorded(self, args):
+        """These settings with the schedule's flags as a checkpoint's run recorded them (run_config.json's args);
+        one saved before --lr_schedule existed ran cosine, and takes the defaults for the flags it lacks."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{flag: args.get(flag, defaults[flag]) for flag in self.SCHEDULE_FLAGS})
+
+    @property
+    def schedule(self):
+        return Schedule.of(vars(self))
 
     def lr_factor(self, step):
-        """The schedule as a multiplier of lr (LambdaLR's form)."""
-        return lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio) / self.lr
-
-
-def lr_at(step, max_lr, warmup_steps, max_steps, min_lr_ratio):
-    """GPT-3 / llm.c schedule: linear warmup from max_lr/warmup_steps to max_lr, then cosine decay to
-    max_lr * min_lr_ratio at max_steps. (DeepSpeed's WarmupCosineLR starts warmup at 0 and shifts the
-    cosine by one step, so it is not this schedule.)"""
-    min_lr = max_lr * min_lr_ratio
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    if step >= max_steps or max_steps == warmup_steps:
-        return min_lr
-    progress = (step - warmup_steps) / (max_steps - warmup_steps)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+        """The schedule as a multiplier of each group's peak (LambdaLR's form). A bound method, not a callable
+        object: LambdaLR's state_dict saves a callable object's attributes, and its load would put the
+        checkpoint's schedule back over this run's."""
+        return self.schedule.factor(step)
 
 
 def param_groups(model, weight_decay):

@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from gpt.console import atomic_write, say, warn
 from gpt.runtime.memory import peak_memory
+from gpt.train.schedule import Schedule
 
 TENSORBOARD_DIR = "tensorboard"
 # TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
@@ -120,6 +121,7 @@ def hparams_of(run_config, grad_accum, loss_label):
         "setup/compile": args["compile"], "setup/ds_config": args["ds_config"], "setup/loss": loss_label,
         "setup/seed": args["seed"], "setup/total_batch_tokens": args["total_batch_tokens"],
         "setup/warmup_steps": args["warmup_steps"], "setup/zero_stage": run_config["zero_stage"],
+        "setup/lr_schedule": Schedule.of(args).describe(),
     }
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
 

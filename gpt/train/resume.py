@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from gpt.config.settings import COOLDOWN_SHAPES, LR_SCHEDULES
 from gpt.console import BadInput, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
@@ -106,6 +107,8 @@ def check_steps_left(resume_from, max_steps):
 # run_config.json's keys read by the trainer's resume and the console scripts, and what each must hold
 RUN_CONFIG_ARGS = {"warmup_steps": (int,), "micro_batch": (int,), "seq_len": (int,), "seed": (int,),
                    "max_steps": (int,), "lr": (int, float), "min_lr_ratio": (int, float)}
+# and those a checkpoint saved before they existed lacks (its run was cosine: gpt.train.trainer SCHEDULE_FLAGS)
+RUN_CONFIG_NAMES = {"lr_schedule": LR_SCHEDULES, "cooldown_shape": COOLDOWN_SHAPES}
 
 
 def run_config_problems(run):
@@ -135,6 +138,11 @@ def run_config_problems(run):
         value = run["args"].get(key)
         if type(value) not in types:
             return f"args.{key} must be a number, got {json.dumps(value)}"
+    for key, allowed in RUN_CONFIG_NAMES.items():
+        if key in run["args"] and run["args"][key] not in allowed:
+            return f"args.{key} must be one of {', '.join(allowed)}, got {json.dumps(run['args'][key])}"
+    if type(run["args"].get("cooldown_frac", 0.5)) not in (int, float):
+        return f"args.cooldown_frac must be a number, got {json.dumps(run['args']['cooldown_frac'])}"
     return None
 
 

@@ -263,7 +263,8 @@ def model_config(settings):
 
 def flag_problems(settings, config, decided):
     """Flags that do not fit together: HellaSwag on another vocabulary, a profile longer than the run, --eval_every
-    without --hellaswag, a warmup longer than the run (as `decided` will set it)."""
+    without --hellaswag, a warmup longer than the run (as `decided` will set it) or a wsd cooldown that starts inside
+    it, --target_val_loss without validation."""
     problems = []
     if config.vocab_size > 0 and config.vocab_size < GPT2_VOCAB_SIZE and settings.evaluation.hellaswag:
         problems.append(f"--hellaswag needs GPT-2's vocabulary: --vocab_size {config.vocab_size} < {GPT2_VOCAB_SIZE}")
@@ -276,6 +277,12 @@ def flag_problems(settings, config, decided):
     warmup_steps = decided.get("warmup_steps", settings.optimizer.warmup_steps)
     if warmup_steps < 0 or warmup_steps > settings.optimizer.max_steps:
         problems.append(f"--warmup_steps {warmup_steps} must lie in [0, --max_steps {settings.optimizer.max_steps}]")
+    else:  # a wsd cooldown that does not fit after the warmup
+        schedule = replace(engine.OptimizerSettings.of(settings.optimizer), warmup_steps=warmup_steps).schedule
+        problems += [p for p in [schedule.problem()] if p]
+    if settings.evaluation.target_val_loss is not None and not settings.evaluation.val_every:
+        problems.append(f"--target_val_loss {settings.evaluation.target_val_loss} needs a validation loss: "
+                        f"--val_every is 0")
     return problems
 
 

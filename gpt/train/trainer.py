@@ -164,6 +164,8 @@ class Trainer:
              f"{self.world_size} rank(s) x micro_batch {data.micro_batch} x seq_len {data.seq_len} x grad_accum "
              f"{setup.grad_accum} = {data.total_batch_tokens:,} tokens/step; MFU against {peak_label}")
         say0(f"loss: {loss_label}")
+        say0(f"lr schedule {ds_engine.OptimizerSettings.of(optimizer).schedule.describe()}"
+             + (" (each half from its own peak)" if ds_engine.muon.uses_muon(self.engine) else ""))
         say0(f"data {data.dir}: {len(self.train_loader.shards)} train shard(s), "
              f"{sum(self.train_loader.batches_per_shard):,} steps/epoch; "
              + (f"validation on {len(self.val_set)} sequences of {data.seq_len} tokens" if self.val_set
@@ -391,8 +393,6 @@ class Trainer:
             raise BadInput(f"{path}: cannot resume the data position: {e}") from None
         return note or "data position"
 
-    SCHEDULE_FLAGS = ("lr", "warmup_steps", "max_steps", "min_lr_ratio")
-
     def _set_schedule_position(self, position):
         """The lr schedule of this run's flags, at `position` (its count of updates taken)."""
         scheduler = self.engine.lr_scheduler
@@ -404,15 +404,25 @@ class Trainer:
     def _schedule_changes(self, saved_args, position):
         """A resume whose schedule flags differ from the checkpoint's run follows the new flags from here on: the
         schedule is a function of (step, --max_steps, ...), so --max_steps 20 after 10 stretches the rest of the
-        cosine to end at step 20, instead of keeping the saved lr for one step and then jumping. Said in one line.
-        `position`: the loaded scheduler's count of updates (behind the step by the updates skipped)."""
-        settings = self.settings
-        changed = [f"--{flag} {getattr(settings.optimizer, flag)} (the checkpoint's run had {saved_args[flag]})"
-                   for flag in self.SCHEDULE_FLAGS if saved_args[flag] != getattr(settings.optimizer, flag)]
+        cosine to end at step 20, instead of keeping the saved lr for one step and then jumping; a wsd run resumed
+        before its cooldown holds the peak up to its new cooldown. Said in one line. `position`: the loaded
+        scheduler's count of updates (behind the step by the updates skipped)."""
+        now = ds_engine.OptimizerSettings.of(self.settings.optimizer)
+        was = now.as_recorded(saved_args)
+        changed = [f"--{flag} {getattr(now, flag)} (the checkpoint's run had {getattr(was, flag)})"
+                   for flag in now.SCHEDULE_FLAGS if getattr(was, flag) != getattr(now, flag)]
         if not changed:
             return
         self._set_schedule_position(position)
-        was = ds_engine.lr_at(position, *(saved_args[flag] for flag in self.SCHEDULE_FLAGS))
-        say0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on, its cosine decay ending at "
-             f"step {settings.optimizer.max_steps}; lr at step {position} is "
-             f"{ds_engine.muon.lr_flag_lr(self.engine):.4g} (was {was:.4g})")
+        was, now = was.schedule, now.schedule
+        say0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on ({now.describe()}); lr at "
+             f"step {position} is {ds_engine.muon.lr_flag_lr(self.engine):.4g} (was {was.lr_at(position):.4g})"
+             + rewarmed(was, now, position))
+
+
+def rewarmed(was, now, position):
+    """What a longer cosine does to a decayed lr, said at the end of the resume's line: it rises again."""
+    if now.lr_schedule != "cosine" or now.max_steps <= was.max_steps or now.lr_at(position) <= was.lr_at(position):
+        return ""
+    return (": a longer cosine raises a decayed lr again (to extend a run without that, train it with --lr_schedule "
+            "wsd and resume from its checkpoint at the cooldown's start)")

@@ -7,7 +7,8 @@ import torch
 
 from conftest import SMALL_VOCAB, TINY, train, train_losses, write_ds_config
 from gpt.data.shards import ShuffledTokenLoader, find_shards
-from gpt.train.engine import lr_at, param_groups
+from gpt.train.engine import param_groups
+from gpt.train.schedule import Schedule
 from gpt.model.model import GPT, PRESETS
 
 STEPS, MICRO, SEQ, ACCUM, LR, WARMUP, SEED = 5, 4, 64, 2, 1e-3, 2, 1234
@@ -17,7 +18,7 @@ def plain_pytorch_losses(data_dir):
     torch.manual_seed(SEED)
     model = GPT(replace(PRESETS["tiny"], vocab_size=SMALL_VOCAB))  # as TINY trains it
     optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, LR, WARMUP, STEPS, 0.1) / LR)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(LR, WARMUP, STEPS, 0.1).factor)
     loader = ShuffledTokenLoader(find_shards(data_dir, "train"), MICRO, SEQ, seed=SEED,
                                  windows_per_batch=ACCUM * MICRO)  # as train_ds.py builds it
     losses, lrs = [], []

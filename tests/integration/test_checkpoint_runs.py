@@ -534,7 +534,7 @@ def test_resume_with_another_max_steps(tmp_path, small_vocab_dir):
     """At or below the checkpoint's step: nothing left to train, refused before launch. Above it: the schedule
     of the new --max_steps from the resumed step on (said in one line), not the saved lr for one step and then
     a jump."""
-    from gpt.train.engine import lr_at
+    from gpt.train.schedule import Schedule
     args = [*TINY, "--total_batch_tokens", "512", "--save_every", "2"]
     train(tmp_path, small_vocab_dir, *args, "--max_steps", "4")
     last = tmp_path / "checkpoints" / "step_00000003"
@@ -544,12 +544,13 @@ def test_resume_with_another_max_steps(tmp_path, small_vocab_dir):
                                                      f"saved after step 3, and --max_steps {max_steps} ends after step "
                                                      f"{max_steps - 1}; raise --max_steps to train on\n")
     records, proc = train(tmp_path, small_vocab_dir, *args, "--max_steps", "8", "--resume", "auto")
-    lr, warmup, min_lr_ratio = 6e-4, 2, 0.1  # the defaults and TINY's
-    assert (f"--max_steps 8 (the checkpoint's run had 4): the lr schedule follows the new flags from here on, its "
-            f"cosine decay ending at step 8; lr at step 4 is {lr_at(4, lr, warmup, 8, min_lr_ratio):.4g} (was "
-            f"{lr_at(4, lr, warmup, 4, min_lr_ratio):.4g})") in proc.stdout.splitlines()
+    now, was = Schedule(6e-4, 2, 8, 0.1), Schedule(6e-4, 2, 4, 0.1)  # the defaults and TINY's
+    assert (f"--max_steps 8 (the checkpoint's run had 4): the lr schedule follows the new flags from here on (cosine: "
+            f"warmup 2 steps, cosine decay to peak x 0.1 at step 8); lr at step 4 is {now.lr_at(4):.4g} (was "
+            f"{was.lr_at(4):.4g}): a longer cosine raises a decayed lr again (to extend a run without that, train it "
+            f"with --lr_schedule wsd and resume from its checkpoint at the cooldown's start)") in proc.stdout.splitlines()
     assert [(r["step"], r["lr"]) for r in records if "loss" in r][4:] == [
-        (step, pytest.approx(lr_at(step, lr, warmup, 8, min_lr_ratio), rel=1e-12)) for step in range(4, 8)]
+        (step, pytest.approx(now.lr_at(step), rel=1e-12)) for step in range(4, 8)]
     # a larger batch per step is allowed (the data order depends on the micro-batch, not the accumulation): said
     _, proc = train(tmp_path, small_vocab_dir, *args, "--max_steps", "9", "--resume", "auto", "--total_batch_tokens",
                     "1024")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import (GPT2_VOCAB, SMALL_VOCAB, TINY, assert_exit_0, background_run, launcher_argv, out_dir_of,
                       read_metrics, succeeded, train, train_losses, two_rank_run, write_ds_config)
-from gpt.train.engine import lr_at
+from gpt.train.schedule import Schedule
 
 FP32_STEPS = ["--max_steps", "5", "--lr", "1e-3", "--total_batch_tokens", "1024"]
 
@@ -85,7 +85,7 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(tmp_path, small_
     skipped = [r["step"] for r in steps if r["skipped_steps"] > (steps[r["step"] - 1]["skipped_steps"] if r["step"] else 0)]
     assert skipped == list(range(len(skipped))) and 0 < len(skipped) < 12  # overflows, then trains
     for r in steps[:len(skipped) + 1]:  # the schedule does not advance on a skipped step
-        assert r["lr"] == pytest.approx(lr_at(0, 1e-3, 2, 12, 0.1))
+        assert r["lr"] == pytest.approx(Schedule(1e-3, 2, 12, 0.1).lr_at(0))
     assert steps[-1]["loss_scale"] == 2.0 ** (24 - len(skipped))
     assert "skipped_steps 1" in proc.stdout
 
