@@ -26,6 +26,10 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
   muon      DeepSpeed's Muon against AdamW (bench/sections/muon.py): per shape, AdamW at each lr and Muon at each
             muon_lr from the same seed, data (Shakespeare) and batch; the steps and tokens Muon needs to reach AdamW's
             final validation loss at its best lr; Muon's step time over AdamW's, interleaved. --chart draws the curves
+  speedrun  tokens to a loss as speedruns count them (bench/sections/speedrun.py): the target is AdamW-with-cosine's
+            best final validation loss over its lr sweep; per recipe (AdamW with wsd, Muon with cosine, the shipped
+            Muon with wsd) the shortest dedicated run, its schedule ending where it stops, at or below it, in tokens
+            as a fraction of the baseline's; the demo's shape and d4 for 300 steps. --chart draws the final losses
   start     seconds from launching train_ds.py (2 ranks, the CPU demo's shape) to its first step with an empty
             torch extensions directory (cold) and again (warm); with --full also FusedAdam's, whose build cold pays
 
@@ -41,6 +45,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
     python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
     python bench/train.py --only muon --chart docs/muon_curves.png  # Muon vs AdamW at the demo's shape (~10 min)
     python bench/train.py --full --only muon --chart docs/muon_curves.png  # and d4 / 8 layers for 200 steps
+    python bench/train.py --only speedrun --chart docs/speedrun.png  # the demo's shape and d4 x 300 steps (hours)
     python bench/train.py --json bench.json    # also write the results as JSON (after each section)
 
 This file is the entry: the modes, the command line, the order of the sections. Each section is a module of
@@ -155,7 +160,8 @@ def parse_args():
                         help="each section's code once on the tiny model (for tests): overhead, zero, ckpt "
                              "unless --only names others")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--chart", help="the muon section's validation curves, drawn here (a PNG)")
+    parser.add_argument("--chart", help="the muon section's validation curves or the speedrun section's final losses, "
+                                        "drawn here (a PNG)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
     parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"),
