@@ -31,12 +31,14 @@ def config_file(tmp, dtype, variant):
 
 
 def settings_for(data, out_dir, ds_config, shape, steps, flags):
-    """The trainer's settings for one dedicated run of `steps` steps: the shape's model, batch and warmup, the
-    variant's flags, validation at the last step alone."""
+    """The trainer's settings for one dedicated run of `steps` steps: the shape's model, batch and warmup (None: the
+    trainer's default, a tenth of a short run), the variant's flags, validation at the last step alone."""
     argv = trainer_argv(data, out_dir, ds_config, shape["model"], shape["seq_len"], shape["micro_batch"],
                         shape["grad_accum"], max_steps=steps)
-    argv += ["--warmup_steps", str(shape["warmup"]), "--val_every", str(steps), "--val_tokens",
-             str(shape["val_tokens"])] + (["--n_layer", str(shape["n_layer"])] if "n_layer" in shape else [])
+    argv = argv[:argv.index("--warmup_steps")] + argv[argv.index("--warmup_steps") + 2:]  # the shape's, or the default
+    argv += (["--warmup_steps", str(shape["warmup"])] if shape["warmup"] is not None else []) + [
+        "--val_every", str(steps), "--val_tokens", str(shape["val_tokens"])] + (
+        ["--n_layer", str(shape["n_layer"])] if "n_layer" in shape else [])
     return parse(argv + [str(flag) for flag in flags])
 
 
@@ -115,7 +117,7 @@ def measure(data, tmp, dtype, shapes, baseline_lrs, variants, corpus_kind, repea
     for row in rows:
         if row["shortest"]:
             print_row(row, COLUMNS)
-    timing = step_time_row(data, tmp, shapes[0], dtype, repeats)
+    timing = step_time_row(data, tmp, {**shapes[0], "warmup": 1}, dtype, repeats)  # the warmup: no matter to time
     rows.append({**{name: None for name, _ in COLUMNS}, "shape": timing["shape"], "variant": timing["optimizer"],
                  "step_ratio": timing["step_ratio"], "adamw_s": timing["adamw_s"], "muon_s": timing["muon_s"]})
     return rows
