@@ -58,11 +58,12 @@ def peaks_for(dtypes, settings):
 
 
 # -- set-up -----------------------------------------------------------------------------------------
-def synthetic_shards(directory, tokens=1 << 21, seed=0):
-    """Random GPT-2 token ids in llm.c shards: speed does not depend on what the tokens say."""
-    rng = np.random.default_rng(seed)
+def synthetic_shards(directory, tokens=1 << 21, seed=0, vocab_size=None):
+    """Random GPT-2 token ids (or ids below vocab_size) in llm.c shards: speed does not depend on what the tokens
+    say."""
+    rng, high = np.random.default_rng(seed), vocab_size or GPT2_VOCAB_SIZE
     for split, index in (("val", 0), ("train", 1)):
-        write_shard(Path(directory) / shard_name("synthetic", split, index), rng.integers(0, GPT2_VOCAB_SIZE, tokens))
+        write_shard(Path(directory) / shard_name("synthetic", split, index), rng.integers(0, high, tokens))
     return directory
 
 
@@ -85,15 +86,17 @@ def ds_config_file(directory, dtype, stage=1, checkpointing=False):
 
 
 def trainer_argv(data, out_dir, ds_config, model, seq_len, micro_batch, grad_accum, world_size=1, compile=False,
-                 loss="fused", max_steps=1000):
-    """train_ds.py's command line for these settings (no validation, no samples)."""
+                 loss="fused", max_steps=1000, vocab_size=None):
+    """train_ds.py's command line for these settings (no validation, no samples; the model's own vocabulary unless
+    vocab_size)."""
     # compile is always explicit: the trainer's default (None) would turn it on with CUDA, off on CPU
     return [
         "--data", str(data), "--out_dir", str(out_dir), "--ds_config", ds_config, "--model", model,
         "--seq_len", str(seq_len), "--micro_batch", str(micro_batch),
         "--total_batch_tokens", str(seq_len * micro_batch * grad_accum * world_size), "--loss", loss,
         "--max_steps", str(max_steps), "--warmup_steps", str(min(10, max_steps)), "--val_every", "0",
-        "--sample_every", "0", "--val_tokens", str(seq_len), "--seed", "0", "--compile" if compile else "--no-compile"]
+        "--sample_every", "0", "--val_tokens", str(seq_len), "--seed", "0", "--compile" if compile else "--no-compile",
+        *(["--vocab_size", str(vocab_size)] if vocab_size else [])]
 
 
 def trainer_settings(*args, **kwargs):
@@ -147,7 +150,8 @@ class TrainerSteps:
 class PlainPyTorch:
     """The baseline: the same model, initial weights, data and schedule in a textbook PyTorch loop on the
     same device, with torch's fastest AdamW (fused), autocast for bf16 and optionally torch.compile. On a
-    GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process."""
+    GPU fp32 matmuls run in TF32 for both: the trainer's setup turned it on for the whole process. settings: the
+    trainer's, as its start decided them (--lr and --weight_decay among them)."""
 
     def __init__(self, settings, model_config, dtype, compile=False):
         torch.manual_seed(settings.run.seed)

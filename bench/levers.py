@@ -38,11 +38,14 @@ from gpt.model import loss as losses
 from gpt.train.engine import forget_compiled_code
 from gpt.runtime.memory import is_out_of_memory, peak_memory
 
-# the size each mode measures: (model, seq_len, micro_batch, total tokens per step), timed steps, micro-batch levers
+# the size each mode measures: (model, seq_len, micro_batch, total tokens per step), timed steps, micro-batch levers,
+# the vocabulary (None: the model's, GPT-2's). The smoke's 512 ids (GPT-2's 50304-wide logits are ~97% of the tiny
+# model's FLOPs) and one micro-batch a step: every row runs, in seconds
 SIZES = {
-    "gpu": dict(model="d12", seq_len=1024, micro_batch=128, tokens=524_288, repeats=4, micro_batches=(64,)),
-    "cpu": dict(model="d4", seq_len=256, micro_batch=4, tokens=2048, repeats=3, micro_batches=(2,)),
-    "smoke": dict(model="tiny", seq_len=64, micro_batch=2, tokens=256, repeats=1, micro_batches=(1,)),
+    "gpu": dict(model="d12", seq_len=1024, micro_batch=128, tokens=524_288, repeats=4, micro_batches=(64,),
+                vocab_size=None),
+    "cpu": dict(model="d4", seq_len=256, micro_batch=4, tokens=2048, repeats=3, micro_batches=(2,), vocab_size=None),
+    "smoke": dict(model="tiny", seq_len=64, micro_batch=2, tokens=128, repeats=1, micro_batches=(1,), vocab_size=512),
 }
 
 
@@ -145,7 +148,7 @@ def build(lever, data, tmp, size, compile):
     micro_batch = lever.settings.get("micro_batch", size["micro_batch"])
     settings = trainer_settings(data, Path(tmp) / lever.name, str(path), size["model"], size["seq_len"], micro_batch,
                                 size["tokens"] // size["seq_len"] // micro_batch, compile=compile,
-                                loss=lever.settings.get("loss", "fused"))
+                                loss=lever.settings.get("loss", "fused"), vocab_size=size["vocab_size"])
     return TrainerSteps(settings)
 
 
@@ -387,7 +390,7 @@ def main():
         save()
     wanted = [lever for lever in levers(size) if not args.only or lever.name in args.only]
     with tempfile.TemporaryDirectory() as tmp:
-        data = synthetic_shards(Path(tmp))
+        data = synthetic_shards(Path(tmp), vocab_size=size["vocab_size"])
         print(f"{results['device']}: {size['model']}, T={size['seq_len']}, {size['tokens']:,} tokens/step, {dtype}, "
               f"{'compiled' if compile else 'eager'}; torch {torch.__version__}")
         print_header("each lever against the default, one process", LEVER_COLUMNS)

@@ -309,8 +309,12 @@ NEARLY_FULL = 1 << 20  # bytes: a failed write that leaves less than this free f
 def atomic_write(path):
     """Yield the temporary path (PATH.tmp) to write path's contents to; renamed over path when the block completes
     (readers see the old file or the new one, never a part), removed when anything raises (the error goes on).
-    Nested, they commit several files together: each is renamed only once every block is through, innermost first."""
+    Nested, they commit several files together: each is renamed only once every block is through, innermost first.
+    Neither path is written through a symbolic link: the rename replaces a link at path, and a link at the temporary
+    path (left there, or made by a user) is removed before the write, which would follow it."""
     tmp = Path(f"{path}.tmp")
+    if tmp.is_symlink():
+        tmp.unlink()
     try:
         yield tmp
         os.replace(tmp, path)

@@ -20,7 +20,7 @@ def measure(data, tmp, models, dtypes, compiles, repeats, peaks):
                 settings = trainer_settings(data, Path(tmp) / name, ds_config_file(tmp, dtype), model, seq_len,
                                             micro_batch, accum, compile=compiled)
                 trainer = TrainerSteps(settings)
-                plain = PlainPyTorch(settings, trainer.config, dtype, compile=compiled)
+                plain = PlainPyTorch(trainer.settings, trainer.config, dtype, compile=compiled)
                 ds_seconds, plain_seconds = interleaved_seconds([trainer, plain], repeats)
                 flops = trainer.model.flops_per_token(seq_len) * settings.data.total_batch_tokens
                 mfu = (lambda seconds: flops / seconds / peaks[dtype]) if peaks[dtype] else (lambda seconds: None)

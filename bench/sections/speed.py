@@ -22,7 +22,7 @@ def measure(data, tmp, dtype, peaks, model, seq_len, micro_batch, grad_accum, co
                                         model, seq_len, micro_batch, grad_accum, compile=compiled, loss=loss)
             trainer = TrainerSteps(settings)
             if plain is None:
-                plain = PlainPyTorch(settings, trainer.config, dtype, compile=any(compiles))
+                plain = PlainPyTorch(trainer.settings, trainer.config, dtype, compile=any(compiles))
             trainer_s, plain_s = interleaved_seconds([trainer, plain], repeats)
             flops = trainer.model.flops_per_token(seq_len) * settings.data.total_batch_tokens
             trainer.close()

@@ -2,14 +2,19 @@
 
     gpt-export runs/dsgpt/checkpoints/step_00019072 --out_dir gpt2-dsgpt     # or: python -m gpt.commands.export ...
 
-An --out_dir that already holds a model's files is refused unless --overwrite is given.
+An --out_dir that already holds a model's files is refused unless --overwrite is given. One gpt-export per --out_dir at
+a time: it holds OUT_DIR/export.lock while it writes (gpt/runtime/lock_file.py); a second is refused, naming the
+first. Two at once, of different steps, both wrote: one said "exported" over the other's weights.
 """
 import os
 from pathlib import Path
 
 from gpt.config.settings import path_arg
 from gpt.console import Parser, exit_if, exit_with, one_line_on_ctrl_c, out_dir_problem, regular_file_problem
+from gpt.runtime import lock_file
 from gpt.train.hf import MODEL_FILES, export
+
+EXPORT_LOCK = "export.lock"
 
 
 def check_args(args):
@@ -45,11 +50,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     exit_if(check_args(args))
     try:
-        out = export(args.checkpoint, args.out_dir)
+        with lock_file.holding(args.out_dir, EXPORT_LOCK, "gpt-export"):
+            exit_if(check_args(args))  # again, now that no other export writes there
+            out = export(args.checkpoint, args.out_dir)
+            print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained, or "
+                  f"transformers.pipeline('text-generation', model='{out}'))")  # said while the files are its own
     except (ValueError, OSError) as e:  # BadInput; a full disk
         exit_with(e)
-    print(f"exported {args.checkpoint} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained, or "
-          f"transformers.pipeline('text-generation', model='{out}'))")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ on this GPU (measure_here: engines built as the trainer builds them, searched by
 import argparse
 import json
 import math
-
+import os
 import sys
 
-from gpt.config import ds_checks
+from gpt.config import ds_checks, ds_config as dsc
 from gpt.console import BadInput, Parser, exit_if, exit_with, one_line_on_ctrl_c
 from gpt.model.loss import LOSSES
-from gpt.memory.plan import ALLOCATOR_OVERHEAD, GPUS, GiB, format_plan, make_plan, trainer_uses_expandable_segments
+from gpt.memory.plan import (ALLOCATOR_OVERHEAD, GPUS, NO_BF16, GiB, format_plan, make_plan,
+                             trainer_uses_expandable_segments)
 from gpt.model.model import PRESETS, preset_config
 from gpt.config.settings import GPT3_TOKENS_PER_STEP, add_setting_arguments, path_arg, range_of, range_problems
 
@@ -90,15 +91,22 @@ def check_args(args):
                         f"{args.seq_len} x {args.world_size} = {per_micro_batch}, so by no micro_batch x seq_len x world")
     for path in args.ds_config:
         try:
-            ds_checks.load_checked(path)
+            ds_config = ds_checks.load_checked(path)
         except BadInput as e:
             problems.append(str(e))
+            continue
+        if args.gpu in NO_BF16 and dsc.precision(ds_config) == "bf16":
+            problems.append(f"{path}: bf16 on a {args.gpu}, which has no bf16 (a V100, compute capability 7.0; bf16 "
+                            f"needs 8.0): plan {NO_BF16[args.gpu]}, the V100's config")
     return problems, config
 
 
 @one_line_on_ctrl_c("nothing was written")
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if not args.measure and "deepspeed" not in sys.modules:
+        # a plan for a named GPU runs on this CPU: DeepSpeed is told so, rather than saying that it found no GPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     problems, config = check_args(args)
     exit_if(problems)
     if args.measure:

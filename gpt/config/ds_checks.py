@@ -11,8 +11,8 @@ import typing
 import pydantic
 
 from gpt.config import muon_checks
-from gpt.config.ds_config import (bf16_section, deepspeed_config, dtype_name, grad_accum_dtype, load, parsed, precision,
-                                  zero_stage)
+from gpt.config.ds_config import (Refused, bf16_config, deepspeed_config, dtype_name, fp16_config, grad_accum_dtype,
+                                  load, parsed, precision, zero_config, zero_stage)
 from gpt.config.engine_checks import engine_problems
 from gpt.console import NAME_MAX, BadInput, longest_component, out_dir_problem, out_file_problem
 
@@ -50,7 +50,8 @@ DTYPES = ("fp32", "bf16", "fp16")  # what data_types may name (DeepSpeed also ta
 RUN_DECIDES = {"train_batch_size": "--total_batch_tokens and --seq_len",
                "train_micro_batch_size_per_gpu": "--micro_batch",
                "gradient_accumulation_steps": "--total_batch_tokens, --micro_batch, --seq_len and the world size",
-               "scheduler": "--lr, --warmup_steps, --max_steps and --min_lr_ratio: the GPT-3 schedule"}
+               "scheduler": "--lr_schedule, --lr, --warmup_steps, --max_steps, --min_lr_ratio and --cooldown_frac, "
+                            "--cooldown_shape: gpt/train/schedule.py"}
 
 # The largest ZeRO bucket (elements): DeepSpeed allocates a bucket whole, so 1e13 asked for 40 TB inside the run.
 # 2**32 elements is 16 GiB in fp32, 8.6x DeepSpeed's default of 5e8; past ~1e8 elements a bucket gains no bandwidth.
@@ -135,6 +136,9 @@ def structure_problems(ds_config, path):
     for section in SECTIONS:
         if section in ds_config and not isinstance(ds_config[section], dict):
             found.append(f"{path}: '{section}' must be a JSON object, got {json.dumps(ds_config[section])}")
+    params = ds_config["optimizer"].get("params", {}) if isinstance(ds_config.get("optimizer"), dict) else {}
+    if not isinstance(params, dict):  # DeepSpeed's engine calls .keys() on it, and the trainer fills it in
+        found.append(f"{path}: 'optimizer.params' must be a JSON object, got {json.dumps(params)}")
     for key, flags in RUN_DECIDES.items():
         if key in ds_config:
             found.append(f"{path}: '{key}' is decided by the trainer (from {flags}): remove it from the JSON")
@@ -142,11 +146,19 @@ def structure_problems(ds_config, path):
         found.append(f"{path}: both 'bf16' and 'bfloat16' (its older name): keep 'bf16' (DeepSpeed would read "
                      f"only that one)")
     zero = ds_config.get("zero_optimization", {})
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    if stage not in (0, 1, 2) or isinstance(stage, bool):  # stricter than DeepSpeed's 0-3, and said our way
+    stage = stage_as_read(zero.get("stage", 0)) if isinstance(zero, dict) else 0
+    if stage not in (0, 1, 2):  # stricter than DeepSpeed's 0-3, and said our way
         found.append(f"{path}: zero_optimization.stage {json.dumps(stage)} is not supported: use 0, 1 or 2 "
                      f"(ZeRO-3 partitions the parameters themselves, which this trainer does not handle)")
     return found
+
+
+def stage_as_read(value):
+    """A ZeRO stage as DeepSpeed's model reads it ("2", 2.0 and 2 are stage 2), or the value itself where it refuses."""
+    try:
+        return int(zero_config({"zero_optimization": {"stage": value}}).stage)
+    except Refused:
+        return value
 
 
 def hand_parsed_sections():
@@ -190,10 +202,9 @@ def hand_parsed_problems(ds_config, path):
     for key in sorted(BOOLEAN_SETTINGS & ds_config.keys()):
         if not isinstance(ds_config[key], bool):
             found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be true or false")
-    for section in ("fp16", "bf16", "bfloat16", "torch_autocast"):  # read by precision(): JSON's true or false only
-        enabled = ds_config.get(section, {}).get("enabled", False)  # (DeepSpeed's pydantic also takes "yes", 1, ...)
-        if not isinstance(enabled, bool):
-            found.append(f"{path}: {section}.enabled {json.dumps(enabled)} must be true or false")
+    enabled = ds_config.get("torch_autocast", {}).get("enabled", False)  # fp16's and bf16's: DeepSpeed's pydantic
+    if not isinstance(enabled, bool):
+        found.append(f"{path}: torch_autocast.enabled {json.dumps(enabled)} must be true or false")
     for key, (check, wanted) in NUMBER_SETTINGS.items():
         if key in ds_config and not check(ds_config[key]):
             found.append(f"{path}: {key} {json.dumps(ds_config[key])} must be {wanted}")
@@ -295,13 +306,13 @@ def trainer_problems(ds_config, path):
     misbehave (fp16 with ZeRO-0, bf16 with fp32 accumulation and ZeRO-0, ...)."""
     found = [f"{path}: {key} \"auto\" is a Hugging Face placeholder: give a value (DeepSpeed would use its "
              f"default)" for key in auto_values(ds_config)]
-    zero = parsed(ds_config, "zero_optimization").zero_config
+    zero = zero_config(ds_config)
     offloaded = [k for k in ("offload_optimizer", "offload_param") if getattr(zero, k) is not None]
     if offloaded:
         found.append(f"{path}: zero_optimization.{offloaded[0]} is not supported by this trainer (ZeRO-Offload's "
                      f"CPU optimizer is untested here)")
     found += [f"{path}: '{key}' is not honoured by this trainer ({why}): remove it" for key, why in NOT_HONOURED.items()
-              if key in ds_config and (ds_config[key] or {}).get("enabled") is not False]
+              if key in ds_config and (ds_config[key] or {}).get("enabled", True)]  # DeepSpeed: if enabled
     if (ds_config.get("torch_autocast") or {}).get("enabled", False):
         found.append(f"{path}: torch_autocast is not supported by this trainer: enable bf16 or fp16 instead")
     found += (muon_checks.problems(ds_config, path) if muon_checks.uses_muon(ds_config)
@@ -323,7 +334,7 @@ def precision_problems(ds_config, path):
     """The precision settings DeepSpeed 0.19 accepts but fail or misbehave: both half types, accumulation or
     parameters in another dtype, fp16's loss scaling (hysteresis, scales) and fp16 or bf16 with ZeRO 0."""
     run_precision = precision(ds_config)
-    if all((section or {}).get("enabled", False) for section in (ds_config.get("fp16"), bf16_section(ds_config))):
+    if fp16_config(ds_config).enabled and bf16_config(ds_config).enabled:
         return [f"{path}: fp16 and bf16 are both enabled; choose one"]
     accumulation = grad_accum_dtype(ds_config)
     if accumulation not in (None, "fp32", run_precision):
@@ -333,11 +344,11 @@ def precision_problems(ds_config, path):
     if param_dtype not in (None, run_precision):  # DeepSpeed asserts this in deepspeed.initialize
         return [f"{path}: data_types.param_dtype {json.dumps(ds_config['data_types']['param_dtype'])} does not "
                 f"fit {run_precision} training (the fp16/bf16 blocks set it): leave it out"]
-    hysteresis = parsed(ds_config, "fp16").float16_config.hysteresis
+    hysteresis = fp16_config(ds_config).hysteresis
     if run_precision == "fp16" and hysteresis < 1:  # DynamicLossScaler counts down to 1: from below it never gets there
         return [f"{path}: fp16.hysteresis {hysteresis} must be >= 1 (below, the loss scale would never drop on "
                 f"overflow and every step would be skipped)"]
-    if run_precision == "fp16" and (found := loss_scale_problems(parsed(ds_config, "fp16").float16_config, path)):
+    if run_precision == "fp16" and (found := loss_scale_problems(fp16_config(ds_config), path)):
         return found
     if run_precision == "fp16" and zero_stage(ds_config) == 0:
         # DeepSpeed 0.19's stage-0 FP16_Optimizer unscales gradients the engine never scaled:
@@ -398,8 +409,6 @@ def optimizer_problems(optimizer, path):
         found.append(f"{path}: optimizer.type {json.dumps(optimizer.get('type'))}: this trainer runs "
                      f"{', '.join(OPTIMIZERS[:-1])} or {OPTIMIZERS[-1]}")
     params = optimizer.get("params", {})
-    if not isinstance(params, dict):
-        return found + [f"{path}: optimizer.params must be a JSON object"]
     for key, value in params.items():
         if key in ("lr", "weight_decay"):
             found.append(f"{path}: optimizer.params.{key} is decided by the trainer (from --{key}): remove it "
@@ -428,7 +437,10 @@ def problems(ds_config, path):
     on the whole."""
     for stage in (structure_problems, hand_parsed_problems, deepspeed_problems, trainer_problems,
                   whole_config_problems):
-        found = stage(ds_config, path)
+        try:
+            found = stage(ds_config, path)
+        except Refused as e:  # a block DeepSpeed's parser refuses where a check reads it: one line, never a traceback
+            found = _error_lines(path, e.key, e.error)
         if found:
             return found
     return []

@@ -99,18 +99,49 @@ def load(path):
     return config
 
 
-def bf16_section(ds_config):
-    """The bf16 block as DeepSpeed 0.19 reads it (get_bfloat16_config): `bf16`, or its older name `bfloat16`
-    when `bf16` is absent or null."""
-    section = ds_config.get("bf16")
-    return ds_config.get("bfloat16", {}) if section is None else section
+class Refused(BadInput):
+    """DeepSpeed's own parser refused a block of the JSON (a pydantic ValidationError, or one of its asserts): the
+    top-level key and DeepSpeed's error, for the checks to say in one line (gpt/config/ds_checks.py problems)."""
+
+    def __init__(self, key, error):
+        super().__init__(f"{key}: {error}")
+        self.key, self.error = key, error
+
+
+def _model(key, read, ds_config):
+    """DeepSpeed's model of one block of the JSON, read by DeepSpeed's own function for it; Refused if it refuses."""
+    from gpt.runtime import accelerator  # noqa: F401 -- first: DeepSpeed imported with its logs on stderr
+    try:
+        return read(ds_config)
+    except Exception as e:  # noqa: BLE001 -- whatever DeepSpeed raises is the user's JSON's problem
+        raise Refused(key, e) from None
+
+
+# The blocks DeepSpeed reads through pydantic, which takes "true", 1, "yes", "on" for true and "false", 0, "no",
+# "off" for false: the checks read these from DeepSpeed's models, so every spelling gets the answer true or false gets
+def fp16_config(ds_config):
+    """DeepSpeed's reading of the fp16 block (DeepSpeedFP16Config: its defaults filled, its spellings read)."""
+    from deepspeed.runtime.precision_config import get_float16_config
+    return _model("fp16", get_float16_config, ds_config)
+
+
+def bf16_config(ds_config):
+    """DeepSpeed's reading of the bf16 block, or of its older name `bfloat16` when `bf16` is absent or null."""
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+    return _model("bf16" if ds_config.get("bf16") is not None else "bfloat16", get_bfloat16_config, ds_config)
+
+
+def zero_config(ds_config):
+    """DeepSpeed's reading of the zero_optimization block (DeepSpeedZeroConfig)."""
+    from deepspeed.runtime.zero.config import get_zero_config
+    return _model("zero_optimization", get_zero_config, ds_config)
 
 
 def precision(ds_config):
     """'bf16', 'fp16' or 'fp32' as DeepSpeed will train: the one place that reads the precision blocks."""
-    if (ds_config.get("fp16") or {}).get("enabled", False):
+    if fp16_config(ds_config).enabled:
         return "fp16"
-    return "bf16" if (bf16_section(ds_config) or {}).get("enabled", False) else "fp32"
+    return "bf16" if bf16_config(ds_config).enabled else "fp32"
 
 
 def dtype_name(value):
@@ -129,9 +160,9 @@ def grad_accum_dtype(ds_config):
 
 
 def zero_stage(ds_config):
-    """The ZeRO stage as an int: JSON's 2.0 is the stage 2 the checks accept (and DeepSpeed trains), and
-    run_config.json records it in the form its reader accepts on a resume."""
-    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+    """The ZeRO stage as an int, as DeepSpeed reads it (JSON's 2.0 and "2" are stage 2): run_config.json records it
+    in the form its reader accepts on a resume."""
+    return int(zero_config(ds_config).stage)
 
 
 # The optimizer a JSON without an optimizer block gets, as ds_configs/ name it: torch's fused AdamW through DeepSpeed
@@ -178,6 +209,8 @@ def deepspeed_config(sections):
 
 def parsed(ds_config, *keys):
     """DeepSpeed's own reading of these top-level keys of a checked JSON (deepspeed_config), for values its
-    models coerce ("2" to 2, "no" to false) or fill in (defaults, deprecated aliases such as cpu_offload)."""
+    models coerce ("2" to 2, "no" to false) or fill in (defaults, deprecated aliases such as cpu_offload): the
+    monitors' and the profiler's (fp16, bf16, ZeRO: fp16_config, bf16_config, zero_config, without the asserts
+    DeepSpeedConfig makes across blocks)."""
     return deepspeed_config({key: ds_config[key] for key in keys if key in ds_config})
 

@@ -4,7 +4,7 @@ overrides without a word: refused before launch, one line each. engine_problems:
 and DeepSpeed's own parser passed (gpt/config/ds_checks.py asks, with DeepSpeed's parsed ZeRO block)."""
 import json
 
-from gpt.config.ds_config import bf16_section, grad_accum_dtype, precision
+from gpt.config.ds_config import bf16_config, fp16_config, grad_accum_dtype, precision, zero_stage
 
 # ZeRO 1/2 align all-gather buffers to 4 bytes: 2 16-bit elements (DeepSpeedZeroOptimizer's
 # nccl_start_alignment_factor), and assert that allgather_bucket_size is a multiple of it.
@@ -26,7 +26,7 @@ def uses_bf16_optimizer(ds_config):
     """Whether DeepSpeed 0.19 builds its BF16_Optimizer (engine._do_optimizer_sanity_check): bf16 parameters, fp32
     gradient accumulation, ZeRO 1 (offload is refused here)."""
     return (precision(ds_config) == "bf16" and grad_accum_dtype(ds_config) == "fp32"
-            and (ds_config.get("zero_optimization") or {}).get("stage", 0) == 1)
+            and zero_stage(ds_config) == 1)
 
 
 def zero_asserts(ds_config, zero, path):
@@ -64,11 +64,12 @@ def zero_asserts(ds_config, zero, path):
 
 
 def master_weight_problems(ds_config, path):
-    """fp16/bf16 blocks asking for 16-bit master weights (MASTER_WEIGHTS): refused, named."""
-    sections = {"fp16": ds_config.get("fp16") or {}, "bf16": bf16_section(ds_config) or {}}
+    """fp16/bf16 blocks asking for 16-bit master weights (MASTER_WEIGHTS), in any spelling of true DeepSpeed reads
+    ("true", 1, ...): refused, named."""
+    sections = {"fp16": fp16_config(ds_config), "bf16": bf16_config(ds_config)}
     return [f"{path}: {name}.{key} true is not supported by this trainer (16-bit master weights and gradients: "
             f"DeepSpeed runs them only with ZeRO-Offload's CPU Adam or bf16 optimizer states, neither of which this "
-            f"trainer runs): remove it" for name, key in MASTER_WEIGHTS.items() if sections[name].get(key) is True]
+            f"trainer runs): remove it" for name, key in MASTER_WEIGHTS.items() if getattr(sections[name], key)]
 
 
 def adam_mode_problem(ds_config, path):

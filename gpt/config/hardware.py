@@ -142,8 +142,8 @@ def make_deterministic(device_type, environ=os.environ):
     torch.use_deterministic_algorithms(True)
 
 
-# The peak FLOP/s that MFU is measured against: the vendors' datasheets for known GPUs, a measured matmul peak
-# on CPU (once per process and dtype).
+# The peak FLOP/s that MFU is measured against: the vendors' datasheets for known GPUs; on CPU what the CPU declares
+# (cpu_peak_flops below). A measured matmul peak remains for the bench and for a CPU that declares nothing of bf16.
 # Dense peak FLOP/s per GPU from the vendors' datasheets (no sparsity). 'fp32' on Ampere/Hopper is TF32,
 # which the trainer enables for fp32 matmuls.
 GPU_PEAK_FLOPS = {
@@ -186,13 +186,73 @@ def measure_cpu_peak_flops(dtype, max_size=2048, repeats=4, budget_s=1.0, gain=1
     return max(rates)
 
 
+# A CPU's peak is a property of the machine, read from what it declares: the cores a rank runs on x the clock x the
+# FLOPs per cycle of the widest units its ISA has for the dtype that really does the matmuls. A measured peak read MFU
+# 0.47 and 0.29 for two runs at the same speed beside a busy neighbour, and above 1 where bf16 was emulated.
+# FLOPs per cycle per core, first match: two 512-bit FMA units (16 fp32 lanes x 2 FLOPs x 2), two 256-bit, ...;
+# Arm's four 128-bit pipes. Where a CPU has fewer units the peak is overstated: MFU is low, never above 1.
+FP32_FLOPS_PER_CYCLE = ((("avx512f", "avx512_f"), 64), (("fma", "fma3", "avx2"), 32), (("avx",), 16),
+                        (("asimd", "neon"), 32), (("sse2",), 8))
+# 16-bit units: AMX tiles (1024 FLOPs per cycle per core, Intel's figure), AVX-512's dot products (2x fp32's), Arm's
+# BFMMLA. Without them oneDNN converts to fp32 and the fp32 units do the matmuls: fp32's peak.
+HALF_FLOPS_PER_CYCLE = {"bf16": ((("amx_bf16",), 1024), (("avx512_bf16",), 128),
+                                 (("bf16", "sve_bf16", "svebf16"), 128)),
+                        "fp16": ((("amx_fp16",), 1024), (("avx512_fp16",), 128))}
+
+
+def _first_match(table, flags):
+    return next(((names[0], flops) for names, flops in table if set(names) & flags), None)
+
+
+def cpu_flops_per_cycle(dtype_name, flags):
+    """(the units that do dtype_name's matmuls, their FLOPs per cycle per core) from the CPU's flags: its 16-bit
+    units where it has them (and, for bf16, oneDNN may use them: cpu_bf16_units), else its fp32 units; None if the
+    flags name none."""
+    half = _first_match(HALF_FLOPS_PER_CYCLE.get(dtype_name, ()), flags)
+    if half and (dtype_name != "bf16" or cpu_bf16_units()[0]):
+        return half
+    return _first_match(FP32_FLOPS_PER_CYCLE, flags)
+
+
+@functools.cache
+def cpu_clock_hz(proc_cpuinfo="/proc/cpuinfo", cpufreq="/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"):
+    """This CPU's clock as it declares it: its highest (turbo) frequency where Linux's cpufreq says, else the
+    model name's nominal "@ 2.40GHz", else the clock /proc/cpuinfo reports (a VM's host clock); None if none."""
+    try:
+        with open(cpufreq) as f:
+            return int(f.read()) * 1e3  # kHz
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(proc_cpuinfo) as f:
+            lines = [line.partition(":") for line in f]
+    except OSError:
+        return None
+    named = [re.search(r"@\s*([\d.]+)\s*GHz", value) for key, _, value in lines if key.strip() == "model name"]
+    if named and named[0]:
+        return float(named[0].group(1)) * 1e9
+    reported = [float(value) for key, _, value in lines if key.strip() == "cpu MHz"]
+    return max(reported) * 1e6 if reported else None
+
+
+def cpu_peak_flops(dtype_name, threads):
+    """(peak FLOP/s of `threads` cores of this CPU in dtype_name, its label), or (None, why) where the CPU does not
+    say its clock or its units: cores x clock x FLOPs per cycle, never a timing."""
+    flags, clock = cpu_flags(), cpu_clock_hz()
+    units = cpu_flops_per_cycle(dtype_name, flags) if flags is not None else None
+    if clock is None or units is None:
+        return None, "nothing (this CPU declares no " + ("clock)" if clock is None else "matmul units)")
+    return threads * clock * units[1], (f"cpu peak ({dtype_name}): {threads} core(s) x {clock / 1e9:.2f} GHz x "
+                                        f"{units[1]} FLOP/cycle ({units[0]})")
+
+
 def peak_flops(device_type, dtype_name):
-    """(peak FLOP/s per device, label) for MFU: the datasheet for known GPUs, a measurement on CPU."""
+    """(peak FLOP/s per device, label) for MFU: the datasheet for known GPUs; on CPU what the CPU declares
+    (cpu_peak_flops) for the threads a rank runs on."""
     if device_type == "cuda":
         name = torch.cuda.get_device_name()
         for gpu, table in GPU_PEAK_FLOPS.items():
             if gpu in name and dtype_name in table:
                 return table[dtype_name], gpu
         return None, name
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name, torch.float32)
-    return measure_cpu_peak_flops(dtype), f"cpu matmul ({dtype_name}, measured)"
+    return cpu_peak_flops(dtype_name, torch.get_num_threads())

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 
 GPT3_TOKENS_PER_STEP = 524288  # 2**19 ~ 0.5M tokens per optimizer step (GPT-3 paper, 125M row)
 GPT3_WARMUP_STEPS = 715  # 375M tokens of warmup (GPT-3 paper) at 0.5M tokens per step
+GPT3_LR, GPT3_WEIGHT_DECAY = 6e-4, 0.1  # GPT-3 small's peak learning rate and weight decay (--lr's, --weight_decay's)
 EVAL_EVERY = 250  # steps between HellaSwag evaluations with --hellaswag, as build-nanogpt
 # GPT-2's 50257 padded to a multiple of 128: gpt.model.model.PADDED_VOCAB_SIZE, which tests/unit/test_settings.py keeps equal.
 PADDED_VOCAB_SIZE = 50304
@@ -158,7 +159,9 @@ class OptimizerSection(Section):
     weight decay, skipped updates."""
     max_steps: int = setting(19073, "optimizer steps (19073 x 0.5M = 10B tokens)",
                              at_least=1, at_most=MAX_STEPS, why="checkpoint names hold 8 digits")
-    lr: float = setting(6e-4, "peak learning rate", above=0)
+    lr: float | None = setting(
+        None, f"peak learning rate (default {GPT3_LR:g}; under a Muon JSON the Adam half's, default its "
+              f"optimizer.params.adam_lr)", above=0, type=float)
     warmup_steps: int | None = setting(
         None, f"linear warmup steps (default {GPT3_WARMUP_STEPS}, or max_steps // 10 for shorter runs)", type=int)
     min_lr_ratio: float = setting(0.1, "the schedule decays to lr x this (0 allowed)",
@@ -172,7 +175,9 @@ class OptimizerSection(Section):
                                    else f"--{flag} {value} must lie in (0, 1]")  # NaN too
     cooldown_shape: str = setting("linear", "wsd: the cooldown's shape, linear or sqrt (1 - sqrt, Hägele et al. 2024)",
                                   choices=COOLDOWN_SHAPES)
-    weight_decay: float = setting(0.1, "on matrices and embeddings only", at_least=0)
+    weight_decay: float | None = setting(
+        None, f"on matrices and embeddings only (default {GPT3_WEIGHT_DECAY:g}; under a Muon JSON its "
+              f"optimizer.params.weight_decay)", at_least=0, type=float)
     skip_loss_z: float = setting(
         0.0, "skip the update when the loss is this many sigmas above the recent window (0: off)", at_least=0)
     skip_grad_z: float = setting(

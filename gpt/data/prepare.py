@@ -10,7 +10,6 @@ of --shard_tokens each, as llm.c names them. Memory stays flat: documents stream
 tokenizer processes into one shard-sized buffer. Each shard is renamed into place only when complete, and
 a progress file lets a re-run skip the shards already written. Local files are read through once first, so
 that a missing, empty or malformed file (or record) is an error before anything is written."""
-import contextlib
 import glob
 import gzip
 import hashlib
@@ -316,25 +315,11 @@ def listed(names, at_most=3):
 PREPARE_LOCK = "prepare.lock"
 
 
-@contextlib.contextmanager
 def only_preparation(out_dir):
     """One gpt-prepare per --out_dir at a time: an exclusive flock on OUT_DIR/prepare.lock (gpt/runtime/lock_file.py,
     as the trainer's run.lock), removed when the preparation ends. Two at once, of different corpora, both reported
-    their token counts, and the directory held one corpus. A directory made here and left empty is removed again."""
-    made = not out_dir.exists()
-    path = out_dir / PREPARE_LOCK
-    try:
-        lock = lock_file.acquire(path, "gpt-prepare's lock file",
-                                 f"a second gpt-prepare into --out_dir {out_dir} would not be stopped")
-    except lock_file.Held:
-        raise BadInput(f"--out_dir {out_dir}: another gpt-prepare is writing there: {lock_file.holder(path)}; wait "
-                       f"for it to end, or use another --out_dir") from None
-    try:
-        yield
-    finally:
-        lock_file.release(lock, remove=True)
-        if made and not any(out_dir.iterdir()):
-            out_dir.rmdir()
+    their token counts, and the directory held one corpus."""
+    return lock_file.holding(out_dir, PREPARE_LOCK, "gpt-prepare")
 
 
 def check_out_dir(out_dir, name):

@@ -50,6 +50,8 @@ GPUS = {
     "rtx3090-24gb": 24_576 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 24,576 MiB (not verified here)
     "rtx4090-24gb": 24_564 * MiB - NVIDIA_SMI_TO_CUDA,  # nvidia-smi 24,564 MiB (not verified here)
 }
+# GPUs without bf16 (Volta, compute capability 7.0; bf16 came with Ampere's 8.0): their config is fp16's
+NO_BF16 = {"v100-32gb": "ds_configs/zero2_fp16.json", "v100-16gb": "ds_configs/zero2_fp16.json"}
 CONTEXT_RESERVE = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspaces: outside PyTorch's allocator
 # What the caching allocator reserves above what it allocates, as a fraction of the allocated peak. Measured
 # with d12 on an H100 (the shared file): 19-20% by default at micro-batches 32-64 (fitting 64, not 72); at
@@ -116,7 +118,7 @@ def bucket_bytes(ds_config, precision, stage):
     it) and the all-gather bucket, in the gradient dtype."""
     if stage == 0:
         return 0
-    zero = dsc.parsed(ds_config, "zero_optimization").zero_config  # DeepSpeed's defaults and coercions
+    zero = dsc.zero_config(ds_config)  # DeepSpeed's defaults and coercions
     e = element_bytes(precision)
     reduce = zero.reduce_bucket_size * e * (2 if zero.overlap_comm else 1)
     return reduce + zero.allgather_bucket_size * e

@@ -6,6 +6,7 @@ an out-of-memory kill), so a dead process's lock file blocks nothing; the file o
 belongs to the open file, not the process, so two holders in one process (tests, bench) exclude each other too. Why a
 file, opened for writing, and not the directory itself: on NFS Linux maps flock to a byte-range lock that other nodes
 see, which an exclusive lock takes only on a file open for writing (a directory's flock fails there)."""
+import contextlib
 import fcntl
 import json
 import os
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from gpt.console import BadInput, regular_file_problem, warn
+from gpt.runtime.links import link_problem, open_no_follow
 
 
 class Held(Exception):
@@ -21,12 +23,13 @@ class Held(Exception):
 
 
 def lock_file_problem(path, what):
-    """Why an existing lock file cannot be opened as the lock (a directory; a FIFO, whose open would block forever; a
-    dangling link), or None. Decided by stat, before any open. what: the file's role, for the message."""
+    """Why an existing lock file cannot be opened as the lock (a symbolic link, whose target the record would
+    overwrite; a directory; a FIFO, whose open would block forever), or None. Decided by stat, before any open.
+    what: the file's role, for the message."""
     if not os.path.lexists(path):
         return None
     problem = regular_file_problem(path)
-    return problem and f"{problem} ({what}): move it away, or use another --out_dir"
+    return link_problem(path, what) or (problem and f"{problem} ({what}): move it away, or use another --out_dir")
 
 
 def record_of(path):
@@ -75,7 +78,8 @@ def acquire(path, what, unguarded, record=None, tries=5):
         raise BadInput(lock_file_problem(path, what))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(tries):
-        lock = open(path, "a+")  # not "w": truncating would erase the holder's record before we know we hold it
+        # not "w": truncating would erase the holder's record before we know we hold it
+        lock = open_no_follow(path, "a+", what)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -122,3 +126,23 @@ def release(lock, remove=False):
         except OSError:
             pass
     lock.close()
+
+
+@contextlib.contextmanager
+def holding(out_dir, name, who):
+    """A command's one-at-a-time in its --out_dir (gpt-prepare's, gpt-export's): the lock at OUT_DIR/name held for the
+    block, its file removed when the block ends, and an --out_dir made for it and left empty removed again. Held by
+    another: BadInput naming that holder (who: the command, for the messages)."""
+    out_dir = Path(out_dir)
+    made, path = not out_dir.exists(), out_dir / name
+    try:
+        lock = acquire(path, f"{who}'s lock file", f"a second {who} into --out_dir {out_dir} would not be stopped")
+    except Held:
+        raise BadInput(f"--out_dir {out_dir}: another {who} is writing there: {holder(path)}; wait for it to end, or "
+                       f"use another --out_dir") from None
+    try:
+        yield
+    finally:
+        release(lock, remove=True)
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()

@@ -202,9 +202,10 @@ def complete_tags(ckpt_dir):
     return sorted(p.name for p in ckpt_dir.iterdir() if TAG_PATTERN.match(p.name) and (p / COMPLETE).exists())
 
 
-def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every):
+def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every, kept=None):
     """Save on every rank (DeepSpeed requires it). `latest` moves only once every rank has written its
-    part and the checkpoint is marked complete, so a crash mid-save leaves the previous one loadable."""
+    part and the checkpoint is marked complete, so a crash mid-save leaves the previous one loadable. kept: why
+    pruning must never remove this one (its complete.json says so), or None."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
 
     ckpt_dir = checkpoint_dir(out_dir)
@@ -216,6 +217,9 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, {})
     client_state = {**client_state, "run_config": run_config}
+    if ranks.rank() == 0:
+        remove(ckpt_dir / tag)  # a crash's leftover: made afresh
+    ranks.barrier()
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
     torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{ranks.rank():05d}.pt")
     ranks.barrier()  # every rank's files are on disk
@@ -225,7 +229,7 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
         sizes = file_sizes(ckpt_dir / tag)
         crcs = checksums(ckpt_dir / tag, list(sizes))
         with atomic_write(ckpt_dir / tag / COMPLETE) as tmp:
-            tmp.write_text(json.dumps({"step": step, "files": sizes, "crc32": crcs}))
+            tmp.write_text(json.dumps({"step": step, "files": sizes, "crc32": crcs} | ({"kept": kept} if kept else {})))
         with atomic_write(ckpt_dir / LATEST) as tmp:
             tmp.write_text(tag)
         prune(ckpt_dir, keep_last, keep_every)
@@ -234,17 +238,39 @@ def save(engine, out_dir, step, client_state, run_config, keep_last, keep_every)
 
 
 def prune(ckpt_dir, keep_last, keep_every):
-    """Keep the newest keep_last complete checkpoints and every step that is a multiple of keep_every;
-    incomplete ones older than the newest complete one are leftovers of a crash and go too."""
+    """Keep the newest keep_last complete checkpoints, every step that is a multiple of keep_every and those saved
+    to be kept (a wsd run's cooldown start); incomplete ones older than the newest complete one are leftovers of a
+    crash and go too."""
     tags = complete_tags(ckpt_dir)
     keep = set(tags[-keep_last:]) if keep_last > 0 else set(tags)
     keep |= {t for t in tags if keep_every and int(TAG_PATTERN.match(t)[1]) % keep_every == 0}
+    keep |= {t for t in tags if kept_because(Path(ckpt_dir) / t)}
     newest = tags[-1] if tags else None
     for path in Path(ckpt_dir).iterdir():
         if not TAG_PATTERN.match(path.name) or path.name in keep:
             continue
         if (path / COMPLETE).exists() or (newest and path.name < newest):
-            shutil.rmtree(path)
+            remove(path)
+
+
+def remove(path):
+    """Remove what is at path (a directory, a file, a symbolic link), never what a link leads to. Where a step is
+    saved, what a crash left there goes first: another world size's files would be counted as this checkpoint's, and
+    DeepSpeed's writes follow links (a run copied as a tree of links, `cp -rs`, holds links to the original's)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)  # it removes the links inside, not their targets
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def kept_because(path):
+    """Why a complete checkpoint is never pruned (saved with `kept`), or None; None too for an unreadable marker
+    (damage() says what is wrong with it)."""
+    try:
+        marker = json.loads((Path(path) / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker.get("kept") if isinstance(marker, dict) else None
 
 
 def newest_intact(ckpt_dir):

@@ -64,15 +64,25 @@ def initialize(model, ds_config, micro_batch, grad_accum, optimizer, loss=None, 
 
 
 def fill(ds_config, micro_batch, grad_accum, train_batch_size, lr, weight_decay):
-    """A copy of the DeepSpeed JSON with what the run decides: the batch triple, learning rate, weight decay."""
+    """A copy of the DeepSpeed JSON with what the run decides: the batch triple, learning rate, weight decay. Under
+    Muon, lr is the Adam half's and muon_lr is written in where the JSON has none (DeepSpeed would give that half lr);
+    the weight decay rides on the param groups (param_groups); a key of the JSON's recipe (adam_lr, weight_decay)
+    stays only where the run trains at its value, a flag given having overridden it (gpt.train.muon.setting_name)."""
     config = copy.deepcopy(ds_config)
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config["gradient_accumulation_steps"] = grad_accum
     config["train_batch_size"] = train_batch_size
     optimizer = config.setdefault("optimizer", copy.deepcopy(dsc.DEFAULT_OPTIMIZER))
-    optimizer.setdefault("params", {}).update(lr=lr, weight_decay=weight_decay)  # Muon: lr is its Adam half's
-    if muon_checks.uses_muon(config):  # DeepSpeed's default (1.0) would clip Muon's update (gpt/config/muon_checks.py)
-        config.setdefault("gradient_clipping", 0.0)
+    params = optimizer.setdefault("params", {})
+    if not muon_checks.uses_muon(config):
+        params.update(lr=lr, weight_decay=weight_decay)
+        return config
+    for key, value in ((muon_checks.RECIPE["lr"], lr), (muon_checks.RECIPE["weight_decay"], weight_decay)):
+        if params.get(key) != value:
+            params.pop(key, None)
+    params.update(lr=lr)
+    params.setdefault("muon_lr", muon_checks.DEFAULT_MUON_LR)
+    config.setdefault("gradient_clipping", 0.0)  # DeepSpeed's default (1.0) would clip Muon's update (muon_checks)
     return config
 
 

@@ -1,8 +1,9 @@
-"""Evaluation during and after training: validation loss and text samples."""
+"""Evaluation during and after training: validation loss, the run's target for it, text samples."""
 import torch
 import torch.distributed as dist
 
 from gpt.data.tokenizer import gpt2_tokenizer
+from gpt.runtime import ranks
 
 SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
 
@@ -36,6 +37,37 @@ def validation_loss(model, val_set, device, progress=False, cut_short=never):
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     model.train(was_training)
     return None if totals[2].item() > 0 else (totals[0] / totals[1]).item()
+
+
+class Target:
+    """--target_val_loss (None: no target): whether a validation reached it, decided by every rank together, what
+    the run says and logs when one did, and the lowest loss when none did."""
+
+    def __init__(self, loss, device):
+        self.loss, self.device = loss, device
+        self.lowest = (None, float("inf"))  # (step, val_loss)
+
+    def reached(self, step, val):
+        """Whether `val`, step's validation loss (None: none taken, on every rank alike), is at or below the
+        target. The loss is one all-reduced value already; the vote makes a rank that saw otherwise stop too."""
+        if self.loss is None or val is None:
+            return False
+        self.lowest = min(self.lowest, (step, val), key=lambda at: at[1])
+        return ranks.on_every_rank(val <= self.loss, self.device)
+
+    def record(self, step, val, tokens, seconds):
+        """(metrics.jsonl's and TensorBoard's values, the console's line) of the validation that reached it."""
+        return ({"target_val_loss": self.loss, "target_tokens": tokens, "target_seconds": seconds},
+                f"step {step:5d} | --target_val_loss {self.loss} reached: val_loss {val:.4f} after {step + 1} steps, "
+                f"{tokens:,} tokens, {seconds:.1f} s since this launch's first step")
+
+    def missed(self):
+        """The line of a run that ended without reaching it, or None."""
+        if self.loss is None:
+            return None
+        step, val = self.lowest
+        lowest = "no validation loss was taken" if step is None else f"the lowest val_loss was {val:.4f} at step {step}"
+        return f"--target_val_loss {self.loss} not reached: {lowest}"
 
 
 @torch.no_grad()

@@ -17,10 +17,13 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from gpt.console import atomic_write, say, warn
+from gpt.runtime.links import open_no_follow
 from gpt.runtime.memory import peak_memory
 from gpt.train.schedule import Schedule
 
 TENSORBOARD_DIR = "tensorboard"
+METRICS, METRICS_WHAT = "metrics.jsonl", "the run's metrics log"
+PROFILE_DIR = "profile"  # --profile's traces
 # TensorBoard tag of each metric (metrics.jsonl and the console keep the names on the left). TensorBoard draws one
 # section per prefix before the "/", sections in alphabetical order: the losses come first, and nothing else sorts
 # before "loss". The names come from step_metrics below and the trainer's evaluate (gpt/train/trainer.py); a
@@ -32,7 +35,8 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val",
         "update_norm": "optim/update_norm",
         "loss_scale": "optim/fp16_loss_scale", "skipped_steps": "optim/fp16_skipped_steps",
         "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "dt": "perf/dt",
-        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc"}
+        "hellaswag/acc_norm": "score/hellaswag_acc_norm", "hellaswag/acc": "score/hellaswag_acc",
+        "target_val_loss": "target/val_loss", "target_tokens": "target/tokens", "target_seconds": "target/seconds"}
 # The custom-scalars dashboard: category -> chart -> the metrics drawn together (a chart whose metrics a run does
 # not log stays empty).
 CHARTS = {
@@ -107,8 +111,8 @@ def events_dir(out_dir):
 
 def hparams_of(run_config, grad_accum, loss_label):
     """A run's settings for TensorBoard's hparams, from what a checkpoint records (gpt/train/start.py run_config_of:
-    the flags, the model's shape, precision, ZeRO stage, ranks): MAIN_HPARAMS, then the rest that people compare
-    under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
+    the flags, the model's shape, precision, ZeRO stage, ranks, Muon's muon_lr): MAIN_HPARAMS, then the rest that
+    people compare under setup/; each a number or a str (None and bools, which TensorBoard would show as 0 and 1, as Python
     writes them)."""
     args, model = run_config["args"], run_config["model"]
     values = {
@@ -121,6 +125,7 @@ def hparams_of(run_config, grad_accum, loss_label):
         "setup/compile": args["compile"], "setup/ds_config": args["ds_config"], "setup/loss": loss_label,
         "setup/seed": args["seed"], "setup/total_batch_tokens": args["total_batch_tokens"],
         "setup/warmup_steps": args["warmup_steps"], "setup/zero_stage": run_config["zero_stage"],
+        **({"setup/muon_lr": run_config["muon_lr"]} if "muon_lr" in run_config else {}),  # Muon's half; lr: the rest
         "setup/lr_schedule": Schedule.of(args).describe(),
     }
     return {k: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v) for k, v in values.items()}
@@ -156,7 +161,7 @@ class MetricsLogger:
         self.out_dir, self.hparams, self.writer, self.session_end = out_dir, hparams, None, None
         self.tag = tag_function_of(events_dir(out_dir))  # before this launch's events file exists
         self.settings = settings  # written at this launch's first step (a resumed launch's may differ)
-        self.jsonl = open(out_dir / "metrics.jsonl", "a", buffering=1)
+        self.jsonl = open_no_follow(out_dir / METRICS, "a", METRICS_WHAT, buffering=1)
 
     def open_events(self, purge_step=None):
         """This launch's events file, made at the first step (continue_from) or the first write. purge_step: the
@@ -224,7 +229,7 @@ class MetricsLogger:
                 ([f"{redone} record(s) of steps {step} on dropped: this launch trains them again"] if redone else [])
                 + ([f"line(s) {', '.join(map(str, unreadable))} dropped: not a whole record (cut by a kill)"]
                    if unreadable else [])))
-        self.jsonl = open(path, "a", buffering=1)
+        self.jsonl = open_no_follow(path, "a", METRICS_WHAT, buffering=1)
 
     def text(self, tag, text, step):
         """A TensorBoard text summary, verbatim: TensorBoard renders Markdown, so it goes in as a code block."""
@@ -282,11 +287,11 @@ class Progress:
         return f"eta {duration(pace * left)}"
 
 
-SLOW_STEP_S = 60  # a step at least this long at the matmul peak: a GPU-sized run on a CPU
+SLOW_STEP_S = 60  # a step at least this long at the CPU's peak: a GPU-sized run on a CPU
 
 
 def slow_step_warning(flops_per_step, peak_flops, world_size, device_type):
-    """A warning line where a step would take SLOW_STEP_S or more even at this CPU's measured matmul peak (the
+    """A warning line where a step would take SLOW_STEP_S or more even at this CPU's peak (hardware.cpu_peak_flops; the
     defaults, d12 at 0.5M tokens/step, are a GPU run: hours per step on a laptop), else None. Said before the first
     step: the ETA comes only after it."""
     if device_type != "cpu" or not peak_flops:
@@ -295,7 +300,7 @@ def slow_step_warning(flops_per_step, peak_flops, world_size, device_type):
     if at_least < SLOW_STEP_S:
         return None
     return (f"warning: a step takes at least {duration(at_least)} on this CPU ({flops_per_step:.2g} FLOP at its "
-            f"measured matmul peak, {peak_flops:.2g} FLOP/s per rank); a run sized for a CPU: bash launch/cpu_demo.sh")
+            f"peak, {peak_flops:.2g} FLOP/s per rank); a run sized for a CPU: bash launch/cpu_demo.sh")
 
 
 def duration(seconds):
@@ -334,7 +339,7 @@ def step_profiler(steps, out_dir, device_type, rank):
         return NoProfiler()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     profiler = profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=1, active=steps, repeat=1),
-                       on_trace_ready=tensorboard_trace_handler(str(Path(out_dir) / "profile"), worker_name=f"rank{rank}"),
+                       on_trace_ready=tensorboard_trace_handler(str(Path(out_dir) / PROFILE_DIR), worker_name=f"rank{rank}"),
                        record_shapes=True, profile_memory=True, with_stack=False)
     profiler.start()
     return profiler

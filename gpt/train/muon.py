@@ -5,13 +5,14 @@ What the JSON may hold: gpt/config/muon_checks.py.
 Parameter groups: the trainer passes (decay, no decay) groups; DeepSpeed's engine splits each into a Muon half and an
 Adam half (_muon_param_groups), named "group0-muon-params", "group0-adam-params", "group1-adam-params": the block
 matrices (decay), the embeddings and tied head (decay), every 1-D parameter (no decay). The Muon half's lr is the
-JSON's muon_lr, the Adam half's is --lr; the schedule's LambdaLR scales each group from its own base lr."""
+JSON's muon_lr (0.02 where it has none: gpt.train.engine.fill writes it in), the Adam half's the run's lr (--lr, or the
+JSON's adam_lr); the schedule's LambdaLR scales each group from its own base lr."""
 import contextlib
 
 import deepspeed
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
-from gpt.config.muon_checks import DEFAULT_MUON_LR
+from gpt.config.muon_checks import RECIPE
 
 
 def block_matrices(model):
@@ -47,14 +48,21 @@ def uses_muon(engine):
 
 
 def lr_flag_lr(engine):
-    """The learning rate --lr sets, as it is now: the first param group not on Muon's half."""
+    """The run's lr (--lr, or a Muon JSON's adam_lr) as it is now: the first param group not on Muon's half."""
     return next(group["lr"] for group in engine.optimizer.param_groups if not group.get("use_muon"))
 
 
 def base_lrs(engine, lr):
-    """Each param group's peak learning rate: the JSON's muon_lr on Muon's half, `lr` (--lr) on the rest."""
-    muon_lr = engine.optimizer_params().get("muon_lr", DEFAULT_MUON_LR)
+    """Each param group's peak learning rate: the JSON's muon_lr on Muon's half, `lr` (the run's) on the rest."""
+    muon_lr = engine.optimizer_params()["muon_lr"] if uses_muon(engine) else None
     return [muon_lr if group.get("use_muon") else lr for group in engine.optimizer.param_groups]
+
+
+def setting_name(engine, flag):
+    """How a line names the run setting `flag` (lr, weight_decay): the Muon JSON's key where the run trains at the
+    JSON's value (fill keeps the key only then), else the flag."""
+    key = RECIPE.get(flag)
+    return f"optimizer.params.{key}" if uses_muon(engine) and key in engine.optimizer_params() else f"--{flag}"
 
 
 def norm_name(engine):
@@ -65,12 +73,16 @@ def norm_name(engine):
 
 
 def describe(engine):
-    """The optimizer in the log's header: its class, and under Muon which parameters each half steps at which lr."""
+    """The optimizer in the log's header: its class, and under Muon which parameters each half steps at which peak
+    learning rate, as the schedule holds them."""
     if not uses_muon(engine):
         return type(engine.basic_optimizer).__name__
-    muon_lr = engine.optimizer_params().get("muon_lr", DEFAULT_MUON_LR)
+    groups, peaks = engine.basic_optimizer.param_groups, engine.lr_scheduler.base_lrs
+    muon_lr, adam_lr = (next(peak for group, peak in zip(groups, peaks) if bool(group.get("use_muon")) is half)
+                        for half in (True, False))
+    adam = setting_name(engine, "lr").removeprefix("optimizer.params.")
     return (f"{type(engine.basic_optimizer).__name__} (Muon at muon_lr {muon_lr:g} on the block matrices, AdamW at "
-            f"--lr on the embeddings, head and 1-D parameters)")
+            f"{adam} {adam_lr:g} on the embeddings, head and 1-D parameters)")
 
 
 def muon_lr_change(engine):
@@ -81,7 +93,7 @@ def muon_lr_change(engine):
     groups, notes = engine.basic_optimizer.param_groups, []
     if not any(group.get("use_muon") for group in groups):
         return notes
-    muon_lr, scheduler = engine.optimizer_params().get("muon_lr", DEFAULT_MUON_LR), engine.lr_scheduler
+    muon_lr, scheduler = engine.optimizer_params()["muon_lr"], engine.lr_scheduler
     for index, group in enumerate(groups):
         if group.get("use_muon") and scheduler.base_lrs[index] != muon_lr:
             notes = [f"optimizer.params.muon_lr {muon_lr} applied (the checkpoint's run had {scheduler.base_lrs[index]})"]

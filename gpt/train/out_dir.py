@@ -6,15 +6,17 @@ from pathlib import Path
 
 from gpt.console import (NEARLY_FULL, BadInput, directory_problem, nearest_existing, out_dir_problem,
                          regular_file_problem, space_problem)
+from gpt.runtime.links import link_problem
 from gpt.train.checkpoint import CHECKPOINTS, COMPLETE, LATEST, RUN_CONFIG, TAG_PATTERN, checkpoint_dir, file_sizes
-from gpt.train.metrics import TENSORBOARD_DIR
+from gpt.train.metrics import METRICS, METRICS_WHAT, PROFILE_DIR, TENSORBOARD_DIR, events_dir
 
 
 # The paths a run writes under its out_dir, what each must be if it is there already, and what it is for. The
 # TensorBoard events (events.out.tfevents.*, a new name per run) go into tensorboard/<out_dir's name>/.
-RUN_FILES = (("run.lock", "the run's lock file"), ("metrics.jsonl", "the run's metrics log"),
+RUN_FILES = (("run.lock", "the run's lock file"), (METRICS, METRICS_WHAT),
              (f"{CHECKPOINTS}/{LATEST}", "the name of the newest checkpoint"))
-RUN_MARKERS = {"run.lock", "metrics.jsonl"}  # the first files a run writes: a run that has not saved yet is one
+RUN_MARKERS = {"run.lock", METRICS}  # the first files a run writes: a run that has not saved yet is one
+IN_PLACE = RUN_MARKERS  # written in place (locked, appended to): never through a link (gpt/runtime/links.py)
 RUN_DIRS = ((CHECKPOINTS, "where the run saves its checkpoints"),
             (TENSORBOARD_DIR, "where the run writes its TensorBoard events"))
 
@@ -22,17 +24,36 @@ RUN_DIRS = ((CHECKPOINTS, "where the run saves its checkpoints"),
 def run_path_problems(out_dir):
     """What is in the way of the files and directories a run writes under out_dir: a directory, a FIFO (which
     would block the open forever), a dangling link where a file goes; a file where a directory goes. Found
-    only when the run wrote there (an IsADirectoryError at the first save), or never (a hang)."""
+    only when the run wrote there (an IsADirectoryError at the first save), or never (a hang). And what would take
+    the run's writes elsewhere: a symbolic link where a file written in place goes, a directory linked into another
+    run (foreign_link_problem)."""
     problems = []
     for name, what in RUN_FILES:
         path = Path(out_dir) / name
-        if os.path.lexists(path) and regular_file_problem(path):
+        if name in IN_PLACE and link_problem(path, what):
+            problems.append(link_problem(path, what))
+        elif os.path.lexists(path) and regular_file_problem(path):
             problems.append(f"{regular_file_problem(path)} ({what}): move it away, or use another --out_dir")
     for name, what in RUN_DIRS:
         problem = directory_problem(Path(out_dir) / name)
         if problem:
             problems.append(f"{problem} ({what}): move it away, or use another --out_dir")
-    return problems
+    for name, what in (*RUN_DIRS, (events_dir(out_dir).relative_to(out_dir), "where this run's events go"),
+                       (PROFILE_DIR, "where --profile writes its traces")):
+        problems.append(foreign_link_problem(out_dir, Path(out_dir) / name, what))
+    return [problem for problem in problems if problem]
+
+
+def foreign_link_problem(out_dir, path, what):
+    """Why the directory `path` under out_dir would take the run's writes into another run's files: through a
+    symbolic link (path's or a parent's) it leads into a directory that holds another run; or None. A link
+    elsewhere (checkpoints/ on another disk) is the user's choice and is followed."""
+    real, own = Path(os.path.realpath(path)), Path(os.path.realpath(out_dir))  # a link that loops: no error here
+    if real.is_relative_to(own):
+        return None
+    other = next((a for a in (real, *real.parents) if holds_a_run(a)), None)
+    return other and (f"{path} leads through a symbolic link to {real}, among the files of the run in {other} "
+                      f"({what}): this run would write into that run's; remove the link, or use another --out_dir")
 
 
 def check_writable(out_dir, data_dir=None):

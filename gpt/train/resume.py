@@ -10,8 +10,8 @@ from gpt.config.settings import COOLDOWN_SHAPES, LR_SCHEDULES
 from gpt.console import BadInput, regular_file_problem, warn
 from gpt.data.shards import data_changes, describe_changes
 from gpt.train.checkpoint import (CHECKPOINTS, COMPLETE, FORMAT, MODEL_STATES, RUN_CONFIG, SHAPE_KEYS, TAG_PATTERN,
-                                  checkpoint_dir, complete_tags, damage, is_universal, json_kind, model_states,
-                                  newest_intact, unverified)
+                                  checkpoint_dir, complete_tags, damage, is_universal, json_kind, kept_because,
+                                  model_states, newest_intact, unverified)
 from gpt.train.out_dir import check_fresh_out_dir
 
 
@@ -85,6 +85,10 @@ def check_resume_target(resume_from, out_dir):
         return check_fresh_out_dir(out_dir)
     later = [t for t in complete_tags(ckpt_dir) if t > Path(resume_from).name
              and not damage(ckpt_dir / t, contents=True)]
+    if later and kept_because(resume_from):  # a wsd run's cooldown start: extended elsewhere, its cooldown kept
+        raise BadInput(f"--resume {resume_from}: the checkpoint at the cooldown's start of the run in {out_dir}, "
+                       f"whose cooldown's checkpoints (up to {later[-1]}) this run would overwrite: extend it into a "
+                       f"new --out_dir")
     if later:
         raise BadInput(f"--resume {resume_from}: {ckpt_dir} holds later checkpoints (up to {later[-1]}) "
                        f"that this run would overwrite: resume it into another --out_dir")

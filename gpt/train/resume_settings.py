@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt.config.ds_config import parsed
+from gpt.config.ds_config import fp16_config
 from gpt.train import checkpoint, muon, universal
 from gpt.train.engine import settle_adam_state
 
@@ -103,7 +103,8 @@ def shown(value):
 
 def group_changes(engine, groups):
     """Put each group's built settings back; {name: (value, the checkpoint's)} of those that differed, the first group's
-    naming it (weight_decay is --weight_decay's; the others the JSON's optimizer.params, or their default)."""
+    naming it (weight_decay is --weight_decay's or a Muon JSON's; the others the JSON's optimizer.params, or their
+    default)."""
     in_json, changed = engine.optimizer_params(), {}
     for group, asked in zip(engine.basic_optimizer.param_groups, groups):
         for key, value in asked.items():
@@ -113,7 +114,7 @@ def group_changes(engine, groups):
             group[key] = copy.deepcopy(value)
             if key in BY_TYPE or missing:
                 continue
-            name = "--weight_decay" if key == "weight_decay" else f"optimizer.params.{key}"
+            name = muon.setting_name(engine, key) if key == "weight_decay" else f"optimizer.params.{key}"
             default = "" if key == "weight_decay" or key in in_json else " (its default)"
             changed.setdefault(name, (shown(value) + default, shown(had)))
     return changed
@@ -165,4 +166,4 @@ def saved_power(saved_ds_config):
     """The fp16 initial_scale_power of the checkpoint's run (DeepSpeed's default where its JSON had none), or None."""
     if not isinstance(saved_ds_config, dict):
         return None
-    return parsed(saved_ds_config, "fp16").float16_config.initial_scale_power
+    return fp16_config(saved_ds_config).initial_scale_power

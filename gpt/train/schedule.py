@@ -1,6 +1,7 @@
 """The learning-rate schedule (--lr_schedule): each step's learning rate as a multiple of a param group's peak, so that
 every group follows it from its own (Muon's half from muon_lr, the rest from --lr). Plain Python, no torch: the
-trainer's LambdaLR (gpt/train/engine.py), bench/ and the tests use it alike.
+trainer's LambdaLR (gpt/train/engine.py), bench/ and the tests use it alike (it reads only the flags' names and
+defaults, gpt/config/settings.py, which imports nothing).
 
     cosine  GPT-3's and llm.c's: a linear warmup to the peak, then a cosine decay to peak x --min_lr_ratio at
             --max_steps.
@@ -9,6 +10,8 @@ trainer's LambdaLR (gpt/train/engine.py), bench/ and the tests use it alike.
             cooldown's start (cooldown_start) continues the constant phase when resumed with a larger --max_steps."""
 import math
 from dataclasses import dataclass, fields
+
+from gpt.config.settings import OptimizerSection
 
 # The names --lr_schedule and --cooldown_shape take: gpt/config/settings.py's LR_SCHEDULES and COOLDOWN_SHAPES.
 COOLDOWN = {"linear": lambda progress: 1.0 - progress, "sqrt": lambda progress: 1.0 - math.sqrt(progress)}
@@ -22,9 +25,9 @@ class Schedule:
     warmup_steps: int
     max_steps: int
     min_lr_ratio: float
-    lr_schedule: str = "cosine"  # the fields are named as the flags are
-    cooldown_frac: float = 0.5
-    cooldown_shape: str = "linear"
+    lr_schedule: str = OptimizerSection.lr_schedule  # the fields are named as the flags are, with their defaults
+    cooldown_frac: float = OptimizerSection.cooldown_frac
+    cooldown_shape: str = OptimizerSection.cooldown_shape
 
     @classmethod
     def of(cls, flags):
@@ -36,7 +39,7 @@ class Schedule:
         return self.lr_at(step) / self.lr
 
     def lr_at(self, step):
-        """The learning rate of `step` (counted from 0): the warmup from lr/warmup_steps, then the kind's decay;
+        """The learning rate of `step` (counted from 0): the warmup from lr/warmup_steps, then the schedule's decay;
         at and after max_steps the floor."""
         max_lr, min_lr = self.lr, self.lr * self.min_lr_ratio
         if step < self.warmup_steps:
@@ -47,7 +50,7 @@ class Schedule:
         if step < decay_start:  # wsd's constant phase
             return max_lr
         progress = (step - decay_start) / (self.max_steps - decay_start)
-        if self.lr_schedule == "cosine":  # (DeepSpeed's WarmupCosineLR starts warmup at 0 and shifts the cosine by a step)
+        if self.lr_schedule == "cosine":  # (DeepSpeed's WarmupCosineLR starts warmup at 0, its cosine a step later)
             return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
         return min_lr + COOLDOWN[self.cooldown_shape](progress) * (max_lr - min_lr)
 
@@ -72,6 +75,14 @@ class Schedule:
                     f"--max_steps {self.max_steps} steps would start at step {self.cooldown_start()}, inside the "
                     f"warmup of --warmup_steps {self.warmup_steps}")
         return None
+
+    def rewarming(self, was, step):
+        """What this schedule, resumed at `step` from a run that had `was`, does to a decayed lr when it is longer
+        (it rises again: a finished cosine cannot be extended), at the end of the resume's line; else ""."""
+        if self.max_steps <= was.max_steps or self.lr_at(step) <= was.lr_at(step):
+            return ""
+        return (f": a longer {self.lr_schedule} raises a decayed lr again (to extend a run without that, train it "
+                "with --lr_schedule wsd and resume from its checkpoint at the cooldown's start)")
 
     def describe(self):
         """The schedule in words, for the log's header and TensorBoard's hparams."""

@@ -106,8 +106,7 @@ def setup(settings):
             # aborted another node's rank (SIGABRT, `terminate called without an active exception`, in CI).
             exit_with(refusal or "refused by rank 0", 2, hard=True)
     torch.manual_seed(settings.run.seed)  # the same initial weights on every rank
-    # MFU is rank 0's to say; on CPU the peak is a ~1 s matmul measurement, which the other ranks would make at
-    # the same moment on the same cores
+    # MFU is rank 0's to say (on CPU: for the threads this rank was given)
     peak = hardware.peak_flops(device.type, prepared.precision) if ranks.rank() == 0 else (None, None)
     return replace(prepared, device=device, lock=lock, peak_flops=peak)
 
@@ -125,8 +124,11 @@ def preflight(settings, world_size, device_type):
     decided, notes = resolve_defaults(settings, device_type, saved, world_size)
     for note in notes:
         say0(note)
+    given = settings.optimizer
     settings, ds_config, model_config, grad_accum, auto_plan = check_settings(settings, world_size, device_type,
                                                                               decided)
+    for note in muon_checks.overridden(given, ds_config, settings.run.ds_config):
+        say0(note)
     for warning in unfinished_preparations(settings.data.dir):
         say0(warning, sys.stderr)
     auto = auto_record(model_config, settings.data.seq_len, ds_config, world_size, device_type, settings.model.loss,
@@ -184,7 +186,8 @@ def resolve_defaults(settings, device_type, saved=None, world_size=1):
 
 def check_settings(settings, world_size, device_type, decided=None):
     """The settings checked, --micro_batch auto planned (the DeepSpeed JSON read once for both), and what the flags
-    left open written into them in one step: `decided` (resolve_defaults' choices) and the plan's micro-batch.
+    left open written into them in one step: `decided` (resolve_defaults' choices), --lr and --weight_decay (a Muon
+    JSON's recipe, else GPT-3's: gpt.config.muon_checks.flag_values) and the plan's micro-batch.
     Raises BadInput listing every problem. Returns (the settings, the DeepSpeed config, the model's GPTConfig,
     grad_accum, the auto plan or None)."""
     decided = dict(decided or {})
@@ -192,6 +195,7 @@ def check_settings(settings, world_size, device_type, decided=None):
     if problems:  # the checks below assume sane numbers
         raise BadInput("\n".join(problems))
     ds_config, problems = read_ds_config(settings, device_type)
+    decided.update(muon_checks.flag_values(settings.optimizer, ds_config))  # --lr, --weight_decay: a Muon JSON's
     config = model_config(settings)
     problems += config.problems(settings.data.seq_len, settings.model.preset) + flag_problems(settings, config, decided)
     auto_plan = None
@@ -239,16 +243,18 @@ def read_ds_config(settings, device_type):
     if device_type == "cpu" and dsc.precision(ds_config) == "fp16" and not settings.run.cpu_fp16:
         problems.append(f"{settings.run.ds_config}: fp16 on a CPU, which DeepSpeed's CPU accelerator lacks: use "
                         f"ds_configs/zero2_fp32.json, or --cpu_fp16 to emulate fp16 (to test loss scaling)")
+    skip_grad_z = settings.optimizer.skip_grad_z
     problems += [p for p in [loss_problem(settings.model.loss, device_type, dsc.precision(ds_config)),
                              dsc.builds_an_op(ds_config) and host.extensions_dir_problem(),
-                             guard_problem(settings, ds_config)] if p]
+                             guard_problem(settings, ds_config),
+                             muon_checks.guard_problem(skip_grad_z, ds_config, settings.run.ds_config)] if p]
     return ds_config, problems
 
 
 def guard_problem(settings, ds_config):
-    """--skip_grad_z acts on the gradient norm DeepSpeed measures: with compute_grad_norm false there is none, and the
-    guard could never act."""
-    if settings.optimizer.skip_grad_z and (ds_config.get("zero_optimization") or {}).get("compute_grad_norm") is False:
+    """--skip_grad_z acts on the gradient norm DeepSpeed measures: with compute_grad_norm false (in any spelling
+    DeepSpeed reads as false: 0, "false", "no", ...) there is none, and the guard could never act."""
+    if settings.optimizer.skip_grad_z and not dsc.zero_config(ds_config).compute_grad_norm:
         return (f"--skip_grad_z {settings.optimizer.skip_grad_z:g}: {settings.run.ds_config} sets "
                 f"zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient norm for it to act on: "
                 f"drop one of them")
@@ -352,8 +358,9 @@ def run_config_of(settings, ds_config, model_config, world_size, auto=None):
 
 
 def validate(settings, world_size, device_type="cpu"):
-    """check_settings with the defaults decided as a fresh run decides them: (ds_config, model_config, grad_accum)."""
-    return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[1:4]
+    """check_settings with the defaults decided as a fresh run decides them: (the settings so decided, ds_config,
+    model_config, grad_accum)."""
+    return check_settings(settings, world_size, device_type, resolve_defaults(settings, device_type)[0])[:4]
 
 
 # -- --micro_batch auto after the process group exists --------------------------------------------------------------

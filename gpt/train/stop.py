@@ -1,4 +1,5 @@
-"""Stopping cleanly at any moment: a SIGTERM/SIGINT to a rank, or a launcher of this rank that is gone.
+"""Stopping cleanly at any moment: a SIGTERM/SIGINT (or SIGHUP, SIGUSR1) to a rank, or a launcher of this rank that
+is gone.
 
 Why watch the launchers: Kubernetes, Docker and `kill PID` signal only the top process. DeepSpeed 0.19's
 runner (`deepspeed ...`) forwards signals only for multi-node pdsh runs: a SIGTERM to it kills it alone,
@@ -98,8 +99,8 @@ class StoppedDuringStartUp(SystemExit):
 
 class StopRequest:
     """Created first thing in a run. Until started(): a stop ends the rank now (StoppedDuringStartUp). After:
-    SIGTERM/SIGINT, or a launcher gone, finishes the current step, saves, exits 0; any rank's request stops
-    every rank; a signal again, AT_ONCE_AFTER_S or more later, ends the rank at once. close() puts the signal
+    SIGTERM/SIGINT/SIGHUP/SIGUSR1, or a launcher gone, finishes the current step, saves, exits 0; any rank's request
+    stops every rank; a signal again, AT_ONCE_AFTER_S or more later, ends the rank at once. close() puts the signal
     handlers back (runs in a test process end this way)."""
 
     def __init__(self):
@@ -116,13 +117,16 @@ class StopRequest:
                               f"{cut.pid} was orphaned)")
             raise self._start_up_stop()
         self._main_thread = threading.main_thread().ident
-        # Both are handled even where they were ignored from the start: a non-interactive shell starts its background
-        # jobs (`cmd &` in a script, CI) with SIGINT ignored, and a `kill -INT` meant to stop such a run gracefully was
-        # lost (the run trained on to its last step and exited 0). A stop here only ever saves and exits.
-        # SIGHUP (the terminal closed) is a stop too: its default ended the run without a save. Not where it was ignored
-        # from the start: nohup's promise that the run goes on.
+        # SIGTERM, SIGINT and SIGUSR1 are handled even where they were ignored from the start: a non-interactive shell
+        # starts its background jobs (`cmd &` in a script, CI) with SIGINT ignored, and a `kill -INT` meant to stop such
+        # a run gracefully was lost (the run trained on to its last step and exited 0); SIGUSR1 (Slurm's
+        # `--signal=USR1@N`, its warning N seconds before a job's time limit, which ended the run without a line or a
+        # save) is ignored by launch/slurm.sbatch for the launcher processes, which it would end, and reaches the ranks
+        # so. A stop here only ever saves and exits. SIGHUP (the terminal closed) is a stop too: its default ended the
+        # run without a save. Not where it was ignored from the start: nohup's promise that the run goes on.
         hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
-        self._handlers = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT, *hangup)}
+        self._handlers = {sig: signal.signal(sig, self._handle)
+                          for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, *hangup)}
         # Signals also wake the watchdog (a pipe as the wakeup fd): it must know of one whose handler cannot run.
         self._wakeup_read, self._wakeup_write = os.pipe()
         os.set_blocking(self._wakeup_write, False)

@@ -15,7 +15,7 @@ from gpt.data.shards import ShuffledTokenLoader, ValidationSet, find_shards
 from gpt.runtime import ranks  # first: DeepSpeed imported with its logs on stderr
 from gpt.runtime.memory import is_out_of_memory, release_memory, reset_peak_memory
 from gpt.train import checkpoint, engine as ds_engine, resume_settings, start
-from gpt.train.evaluate import sample_text, validation_loss
+from gpt.train.evaluate import Target, sample_text, validation_loss
 from gpt.train.metrics import MetricsLogger, Progress, hparams_of, slow_step_warning, step_metrics, step_profiler
 from gpt.train.stop import StopRequest
 
@@ -103,6 +103,10 @@ def last_good_checkpoint(out_dir, trouble_from=None, resumed_from=None):
     return ckpt_dir / tags[-1] if tags else "none"
 
 
+# why a wsd run's checkpoint at the start of its cooldown is never pruned
+COOLDOWN_KEPT = "the cooldown's start: resume from it with a larger --max_steps to extend the run"
+
+
 class StopTraining(Exception):
     """The run cannot continue; the message says why. trouble_from: the step where non-finite or outlying steps
     began, when that is why."""
@@ -158,6 +162,7 @@ class Trainer:
         self.logger = MetricsLogger(settings.run.out_dir, enabled=rank == 0, settings=setup.run_config,
                                     hparams=hparams_of(setup.run_config, setup.grad_accum, loss_label))
         self.progress = Progress(optimizer.max_steps)  # the console's step N/M and ETA
+        self.target = Target(evaluation.target_val_loss, self.device)
         say0(f"model {settings.model.preset}: {self.model.num_params() / 1e6:.2f}M parameters, {setup.model_config}")
         say0(f"{setup.precision}, ZeRO {self.engine.zero_optimization_stage()}, "
              f"{type(self.engine.optimizer).__name__} over {ds_engine.muon.describe(self.engine)}, "
@@ -221,12 +226,14 @@ class Trainer:
         return step
 
     def fit(self, start_step, stop, auto=False):
-        """Train from start_step to --max_steps. auto (--micro_batch auto): the first step may raise
-        FirstStepOutOfMemory."""
+        """Train from start_step to --max_steps, or to the first validation at or below --target_val_loss. auto
+        (--micro_batch auto): the first step may raise FirstStepOutOfMemory."""
         settings = self.settings
         self.logger.continue_from(start_step)  # a killed run's records of the steps taken again, dropped
         stop.started(resumed=start_step > 0)  # from here a stop finishes the step and saves
         profiler = step_profiler(settings.run.profile, settings.run.out_dir, self.device.type, self.engine.global_rank)
+        cooldown_start = ds_engine.OptimizerSettings.of(settings.optimizer).schedule.cooldown_start()
+        began, reached = time.perf_counter(), False
         for step in range(start_step, settings.optimizer.max_steps):
             last = step == settings.optimizer.max_steps - 1
             if auto and step == start_step:
@@ -238,18 +245,25 @@ class Trainer:
             else:
                 self.step(step)
             profiler.step()
-            self.evaluate(step, last, cut_short=stop.asked)  # a signal, or a launcher gone
+            val = self.evaluate(step, last, cut_short=stop.asked)  # a signal, or a launcher gone
+            reached = self.target.reached(step, val)
             stopping = stop.agreed(self.device)
-            save_every = settings.checkpoint.save_every
-            if last or stopping or (save_every and (step + 1) % save_every == 0):
-                self.save(step)
+            save_every, at_cooldown = settings.checkpoint.save_every, step + 1 == cooldown_start
+            if last or stopping or reached or at_cooldown or (save_every and (step + 1) % save_every == 0):
+                self.save(step, kept=COOLDOWN_KEPT if at_cooldown else None)
                 stop.saved()
+            if reached:
+                tokens = (step + 1) * settings.data.total_batch_tokens
+                self.logger.log(step, *self.target.record(step, val, tokens, time.perf_counter() - began))
+                break
             if stopping:
                 say0(f"step {step:5d} | stopped by {stop.requested or 'another rank'}: checkpoint saved, exiting")
                 break
         profiler.stop()
         self.train_loader.close()
-        self.logger.close(finished=last)
+        if last and not reached and self.target.missed():
+            say0(self.target.missed())
+        self.logger.close(finished=last or reached)
 
     # -- what fit does at each step: step, evaluate, save; and close ---------------------------------------------
 
@@ -268,11 +282,12 @@ class Trainer:
     def evaluate(self, step, last=False, cut_short=lambda: False):
         """What --val_every, --eval_every and --sample_every ask for at this step (all of it when last): the
         validation loss, HellaSwag, a text sample (rank 0). cut_short: a stop request, which ends each early (the
-        checkpoint is worth more than them, and a scheduler's grace period is short); what it cut is not logged."""
+        checkpoint is worth more than them, and a scheduler's grace period is short); what it cut is not logged.
+        Returns the validation loss, or None where none was taken."""
         evaluation = self.settings.evaluation  # this step's part of the settings
         # a stop that reached another rank alone cuts this rank's validation too: what follows is skipped here as well
         # (each evaluation still makes its one reduction on every rank)
-        cut = False
+        cut, val = False, None
 
         def stop_here():
             return cut or cut_short()
@@ -297,10 +312,11 @@ class Trainer:
                 self.logger.text("samples", text, step)
         if stop_here():
             say0(f"step {step:5d} | evaluation skipped or cut short: stopping")
+        return val
 
-    def save(self, step):
+    def save(self, step, kept=None):
         """A checkpoint of this step (gpt/train/checkpoint.py), with the data position; refuses weights that are
-        not finite. A full or read-only disk raises DiskProblem."""
+        not finite. kept: why pruning must never remove it. A full or read-only disk raises DiskProblem."""
         settings = self.settings
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):  # the same on every rank
             raise StopTraining(f"step {step}: the weights are not finite (NaN or inf), so they were not saved", step)
@@ -309,13 +325,14 @@ class Trainer:
         began = time.perf_counter()
         try:
             path = checkpoint.save(self.engine, settings.run.out_dir, step, client_state, self.run_config,
-                                   settings.checkpoint.keep_last, settings.checkpoint.keep_every)
+                                   settings.checkpoint.keep_last, settings.checkpoint.keep_every, kept)
         except (OSError, RuntimeError) as e:  # RuntimeError: DeepSpeed's and torch's C++ writers
             problem = write_problem(checkpoint.checkpoint_dir(settings.run.out_dir) / checkpoint.tag_for(step), e)
             if problem is None:
                 raise
             raise DiskProblem(f"{problem}; that checkpoint is incomplete and will not be loaded") from None
-        say0(f"step {step:5d} | saved {path} in {time.perf_counter() - began:.2f}s")
+        say0(f"step {step:5d} | saved {path} in {time.perf_counter() - began:.2f}s"
+             + (f" (kept: {kept})" if kept else ""))
 
     def close(self):
         """Free a run that does not go on: its loader's thread, its logs, its engine's memory."""
@@ -409,7 +426,8 @@ class Trainer:
         scheduler's count of updates (behind the step by the updates skipped)."""
         now = ds_engine.OptimizerSettings.of(self.settings.optimizer)
         was = now.as_recorded(saved_args)
-        changed = [f"--{flag} {getattr(now, flag)} (the checkpoint's run had {getattr(was, flag)})"
+        changed = [f"{ds_engine.muon.setting_name(self.engine, flag)} {getattr(now, flag)} (the checkpoint's "
+                   f"run had {getattr(was, flag)})"
                    for flag in now.SCHEDULE_FLAGS if getattr(was, flag) != getattr(now, flag)]
         if not changed:
             return
@@ -417,12 +435,5 @@ class Trainer:
         was, now = was.schedule, now.schedule
         say0(f"{'; '.join(changed)}: the lr schedule follows the new flags from here on ({now.describe()}); lr at "
              f"step {position} is {ds_engine.muon.lr_flag_lr(self.engine):.4g} (was {was.lr_at(position):.4g})"
-             + rewarmed(was, now, position))
+             + now.rewarming(was, position))
 
-
-def rewarmed(was, now, position):
-    """What a longer cosine does to a decayed lr, said at the end of the resume's line: it rises again."""
-    if now.lr_schedule != "cosine" or now.max_steps <= was.max_steps or now.lr_at(position) <= was.lr_at(position):
-        return ""
-    return (": a longer cosine raises a decayed lr again (to extend a run without that, train it with --lr_schedule "
-            "wsd and resume from its checkpoint at the cooldown's start)")

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from gpt.train.checkpoint import (MODEL_STATES, RUN_CONFIG, UNIVERSAL, UNIVERSAL_TEMPORARY, UNREADABLE, ZERO, brief,
-                                  is_universal, model_states, read_fp32_weights, unreadable_file)
+                                  is_universal, model_states, read_fp32_weights, remove, unreadable_file)
 from gpt.train.resume import find_checkpoint, read_run_config
 from gpt.console import BadInput, free_bytes, megabytes, say, warn, write_problem
 from gpt.model.model import GPTConfig, state_dict_mismatch
@@ -109,8 +109,7 @@ def universal_dir(step_dir):
     # that file out of the step directory too.
     output = temporary / UNIVERSAL
     try:
-        if os.path.lexists(temporary):  # a crash mid-conversion left it
-            shutil.rmtree(temporary) if os.path.isdir(temporary) else os.unlink(temporary)
+        remove(temporary)  # a crash mid-conversion left it
         temporary.mkdir()
         with contextlib.redirect_stdout(sys.stderr):
             ds_to_universal.main(converter_args(step_dir, output))

@@ -251,6 +251,19 @@ TRAIN_CASES = [
     (["--lr", "inf"], "error: --lr inf must be a finite number > 0"),
     (["--weight_decay", "-1"], "error: --weight_decay -1.0 must be a finite number >= 0"),
     (["--min_lr_ratio", "nan"], "error: --min_lr_ratio nan must lie in [0, 1]"),
+    (["--cooldown_frac", "0"], "error: --cooldown_frac 0.0 must lie in (0, 1]"),
+    (["--cooldown_frac", "nan"], "error: --cooldown_frac nan must lie in (0, 1]"),
+    (["--lr_schedule", "wsd", "--max_steps", "40", "--warmup_steps", "30"],
+     "error: --cooldown_frac 0.5: a cooldown of the last 20 of --max_steps 40 steps would start at step 20, inside the "
+     "warmup of --warmup_steps 30"),
+    (["--lr_schedule", "wsd", "--max_steps", "10", "--cooldown_frac", "0.01"],
+     "error: --cooldown_frac 0.01: a cooldown of 0.01 x --max_steps 10 rounds to no step"),
+    (["--lr_schedule", "trapezoid"], "error: argument --lr_schedule: invalid choice: 'trapezoid' (choose from 'cosine', "
+                                     "'wsd')"),
+    (["--target_val_loss", "0"], "error: --target_val_loss 0.0 must be a finite number > 0"),
+    (["--target_val_loss", "inf"], "error: --target_val_loss inf must be a finite number > 0"),
+    (["--target_val_loss", "4.5", "--val_every", "0"],
+     "error: --target_val_loss 4.5 needs a validation loss: --val_every is 0"),
     (["--save_every", "-1"], "error: --save_every -1 must be a finite number >= 0"),
     (["--keep_last", "0"], "error: --keep_last 0 must be a finite number >= 1"),
     (["--max_bad_steps", "0"], "error: --max_bad_steps 0 must be a finite number >= 1"),
@@ -286,12 +299,12 @@ TRAIN_CASES = [
      "error: {path}: 'gradient_accumulation_steps' is decided by the trainer (from --total_batch_tokens, "
      "--micro_batch, --seq_len and the world size): remove it from the JSON"),
     (lambda t: ["--ds_config", ds_json(t, scheduler={"type": "WarmupLR"})],
-     "error: {path}: 'scheduler' is decided by the trainer (from --lr, --warmup_steps, --max_steps and "
-     "--min_lr_ratio: the GPT-3 schedule): remove it from the JSON"),
+     "error: {path}: 'scheduler' is decided by the trainer (from --lr_schedule, --lr, --warmup_steps, --max_steps, "
+     "--min_lr_ratio and --cooldown_frac, --cooldown_shape: gpt/train/schedule.py): remove it from the JSON"),
     (lambda t: ["--ds_config", ds_json(t, optimizer={**OPTIMIZER, "params": {"lr": "high"}})],
      "error: {path}: optimizer.params.lr is decided by the trainer (from --lr): remove it from the JSON"),
-    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": "yes"})],
-     'error: {path}: fp16.enabled "yes" must be true or false'),
+    (lambda t: ["--ds_config", ds_json(t, fp16={"enabled": "maybe"})],  # "yes" is true to DeepSpeed's parser
+     'error: {path}: fp16.enabled: Input should be a valid boolean, unable to interpret input (got "maybe")'),
     (lambda t: ["--ds_config", ds_json(t, zero_optimization={**ZERO, "offload_optimizer": {"device": "cpu"}})],
      "error: {path}: zero_optimization.offload_optimizer is not supported by this trainer (ZeRO-Offload's CPU "
      "optimizer is untested here)"),
@@ -440,6 +453,11 @@ TRAIN_CASES = [
     (lambda t: out_with(t, "metrics.jsonl", os.mkfifo),
      "error: {tmp}/run/metrics.jsonl: a FIFO (named pipe), not a regular file (the run's metrics log): move it away, "
      "or use another --out_dir"),
+    # ... or a symbolic link to a user's file, which the lock's record overwrote (tests/unit/test_links.py)
+    (lambda t: out_with(t, "run.lock", lambda p: p.symlink_to(t / "notes.txt")),
+     "error: {tmp}/run/run.lock: a symbolic link to {tmp}/notes.txt (the run's lock file): it is written in place, "
+     "never through a link, which would overwrite the file the link leads to: remove the link, or use another "
+     "--out_dir"),
     (lambda t: out_with(t, "checkpoints/latest", Path.mkdir) + ["--resume", "auto"],
      "error: {tmp}/run/checkpoints/latest: a directory, not a regular file (the name of the newest checkpoint): move "
      "it away, or use another --out_dir"),
@@ -460,6 +478,9 @@ TRAIN_CASES = [
      'error: {tmp}/ck/step_00000001/run_config.json: zero_stage must be 0, 1, 2 or 3, got "2"'),
     (lambda t: ["--resume", fake_checkpoint(t, run_config=os.mkfifo)],
      "error: {tmp}/ck/step_00000001/run_config.json: a FIFO (named pipe), not a regular file"),
+    (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "args": {**RUN_CONFIG["args"],
+                                                                                  "lr_schedule": "trapezoid"}})],
+     'error: {tmp}/ck/step_00000001/run_config.json: args.lr_schedule must be one of cosine, wsd, got "trapezoid"'),
     (lambda t: ["--resume", fake_checkpoint(t, run_config={**RUN_CONFIG, "format": 3})],
      "error: {tmp}/ck/step_00000001/run_config.json: format must be a checkpoint format this trainer reads (1 to 2), "
      "got 3"),
@@ -555,6 +576,22 @@ TRAIN_CASES = [
                                                              zero_optimization={**ZERO, "compute_grad_norm": False})],
      "error: --skip_grad_z 3: {path} sets zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient "
      "norm for it to act on: drop one of them"),
+    (lambda t: ["--skip_grad_z", "3", "--ds_config", ds_json(t, gradient_clipping=0, optimizer={"type": "Muon"})],
+     "error: --skip_grad_z 3: under {path}'s Muon DeepSpeed measures the norm of Muon's orthogonalised update, not the "
+     "gradient's (its ZeRO optimizer; the log's update_norm), so the guard could not see a gradient spike: use "
+     "--skip_loss_z, or bf16 with ZeRO 1 and fp32 grad_accum_dtype (ds_configs/zero1_bf16_muon.json), where the norm "
+     "is the gradient's"),
+    (lambda t: ["--ds_config", ds_json(t, gradient_clipping=0, optimizer={"type": "Muon", "params": []})],
+     "error: {path}: 'optimizer.params' must be a JSON object, got []"),
+    # DeepSpeed's other spellings of true and false (every key's: tests/unit/test_ds_config.py)
+    (lambda t: ["--skip_grad_z", "3", "--ds_config", ds_json(t, gradient_clipping=0, zero_optimization={
+        **ZERO, "compute_grad_norm": "false"})],
+     "error: --skip_grad_z 3: {path} sets zero_optimization.compute_grad_norm false, so DeepSpeed measures no gradient "
+     "norm for it to act on: drop one of them"),
+    (lambda t: ["--ds_config", ds_json(t, bf16={"enabled": True, "bf16_master_weights_and_grads": 1})],
+     "error: {path}: bf16.bf16_master_weights_and_grads true is not supported by this trainer (16-bit master "
+     "weights and gradients: DeepSpeed runs them only with ZeRO-Offload's CPU Adam or bf16 optimizer states, "
+     "neither of which this trainer runs): remove it"),
     (lambda t: ["--ds_config", ds_json(t, managed_gradient_accumulation=False)],
      "error: {path}: managed_gradient_accumulation false is not supported by this trainer (it steps the engine after "
      "every micro-batch and lets DeepSpeed accumulate, so each micro-batch would be an update of its own): remove it"),
@@ -646,7 +683,7 @@ def test_validation_off_needs_no_val_sequence(tmp_path):
     """A val split shorter than one sequence is fine with --val_every 0 (it used to abort anyway)."""
     settings = parse(["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
                       "--val_every", "0", "--data", shards(tmp_path, 5000, 60)])
-    assert validate(settings, 1)[2] == 4  # grad_accum: validated
+    assert validate(settings, 1)[3] == 4  # grad_accum: validated
 
 
 @pytest.mark.parametrize("held", ["checkpoints", "metrics"])

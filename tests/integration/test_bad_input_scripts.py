@@ -84,6 +84,9 @@ def bad_files(tmp_path_factory, trained_checkpoint):
         (root / name).mkdir()
         make(root / name / "x_val_000000.bin")  # a FIFO used to block gpt-eval forever
     os.mkfifo(root / "pipe.txt")
+    (root / "lock_link").mkdir()  # a user's file linked where a lock file goes: the lock's record overwrote it
+    for name in ("prepare.lock", "export.lock"):
+        (root / "lock_link" / name).symlink_to(root / "good.txt")
     # llm.c's eval format (conftest.hellaswag_files): one example, label 0, 4 endings, the second empty
     lists = [[10, 11], [12], [], [13], [14]]
     fields = [0, 0, 4] + [x for tokens in lists for x in (len(tokens), *tokens)]
@@ -137,6 +140,10 @@ CASES = [
     ("gpt-prepare", "files {in}/missing.txt --out_dir {out}", "error: {in}/missing.txt: file not found"),
     ("gpt-prepare", "files {in}/good.txt {in}/missing.txt --out_dir {out}", "error: {in}/missing.txt: file not found"),
     ("gpt-prepare", "files {in}/empty.txt --out_dir {out}", "error: {in}/empty.txt: empty file"),
+    ("gpt-prepare", "files {in}/good.txt --out_dir {in}/lock_link",
+     "error: {in}/lock_link/prepare.lock: a symbolic link to {in}/good.txt (gpt-prepare's lock file): it is written in "
+     "place, never through a link, which would overwrite the file the link leads to: remove the link, or use another "
+     "--out_dir"),
     ("gpt-prepare", "files {in}/spaces.txt --out_dir {out}", "error: {in}/spaces.txt: only whitespace"),
     ("gpt-prepare", "files {in}/binary.txt --out_dir {out}",
      "error: {in}/binary.txt: not UTF-8 text (byte 0x80 at offset 0)"),
@@ -239,6 +246,9 @@ CASES = [
     ("gpt-plan", "--gpu h100-80gb --n_head 5", "error: n_embd 768 is not divisible by n_head 5"),
     ("gpt-plan", "--gpu h100-80gb --n_layer 0", "error: --n_layer 0 must be a finite number >= 1"),
     ("gpt-plan", "--gpu h100-80gb --model d99", "error: argument --model: invalid choice: 'd99' (..."),
+    ("gpt-plan", "--gpu v100-32gb --ds_config ds_configs/zero1_bf16.json", "error: ds_configs/zero1_bf16.json: bf16 on "
+     "a v100-32gb, which has no bf16 (a V100, compute capability 7.0; bf16 needs 8.0): plan ds_configs/zero2_fp16.json, "
+     "the V100's config"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}/missing.json", "error: {in}/missing.json: DeepSpeed config not found"),
     ("gpt-plan", "--gpu h100-80gb --ds_config {in}", "error: {in}: a directory, not a DeepSpeed JSON file"),
     ("gpt-plan", "--gpu h100-80gb --ds_config=", "error: --ds_config is empty: name a DeepSpeed JSON file"),
@@ -369,6 +379,10 @@ CASES = [
     ("gpt-export", "{in}/missing --out_dir {out}", "error: {in}/missing: checkpoint not found"),
     ("gpt-export", "{in} --out_dir {out}", "error: {in}: no complete checkpoint found"),
     ("gpt-export", "{ckpt} --out_dir {in}/a_file", "error: --out_dir {in}/a_file is a file, not a directory"),
+    ("gpt-export", "{ckpt} --out_dir {in}/lock_link",
+     "error: {in}/lock_link/export.lock: a symbolic link to {in}/good.txt (gpt-export's lock file): it is written in "
+     "place, never through a link, which would overwrite the file the link leads to: remove the link, or use another "
+     "--out_dir"),
     ("gpt-export", "{ckpt} --out_dir {ckpt}",
      "error: --out_dir {ckpt} holds dsgpt checkpoints: export into a directory of its own"),
     ("gpt-export", "{ckpt} --out_dir {in}/hf_bad_weights",

@@ -224,7 +224,8 @@ def test_levers_smoke_profiles_the_default_and_measures_each_lever_against_it(tm
     """bench/levers.py --smoke, the CPU twin of launch/gpu_check.sh's part speed: the default step profiled (its work
     summed by kind, the matmuls among them), DeepSpeed's wall_clock_breakdown timers read, each lever named with --only
     run against the default in the order the script gives them (a CUDA-only one skipped with its reason), the
-    default again last."""
+    default again last. Over 15 s only where it is the suite's first to load DeepSpeed's FusedAdam: its one JIT
+    build (~45 s on a 2-core EPYC; test_optimizer_runs.py and the bench's optimizer section load the same build)."""
     only = ["loss_chunk_16384", "micro_batch_1", "attention_cudnn", "deepspeed_fused_adam"]  # each kind of change once
     out = tmp_path / "levers.json"
     proc = subprocess.run([sys.executable, "bench/levers.py", "--smoke", "--only", *only, "--json", str(out)],

@@ -2,6 +2,7 @@
 steps' command lines, of which the parts main and muon are then trained here on the tiny model and summarised as
 launch/gpu_summary.py does after a real call. Its other steps' CPU twins run elsewhere: gpt-plan --measure's search
 (test_probe.py), the bench sections (test_bench_runs.py), gpt-eval's device choice (tests/unit/test_eval_device.py)."""
+import json
 import os
 import shutil
 import statistics
@@ -58,8 +59,10 @@ def test_the_part_muon_trains_the_main_job_under_its_muon_json_and_sets_its_step
     summary = load_script("launch/gpu_summary.py")
     monkeypatch.setattr(summary, "STEADY_FROM", 1)
     text = summary.muon_against_adamw(report)
-    assert ("bf16, ZeRO 1, BF16_Optimizer over MuonWithAuxAdam (Muon at muon_lr 0.02 on the block matrices, AdamW at "
-            "--lr on the embeddings, head and 1-D parameters), 1 rank(s) x micro_batch 4") in text
+    recipe = json.loads((REPO / "ds_configs" / "zero1_bf16_muon.json").read_text())["optimizer"]["params"]
+    assert (f"bf16, ZeRO 1, BF16_Optimizer over MuonWithAuxAdam (Muon at muon_lr {recipe['muon_lr']:g} on the block "
+            f"matrices, AdamW at adam_lr {recipe['adam_lr']:g} on the embeddings, head and 1-D parameters), 1 rank(s) "
+            f"x micro_batch 4") in text  # the main job's flags, no --lr: the JSON's recipe
     (muon_dt, muon_tps), (adamw_dt, adamw_tps) = (
         [statistics.median(r[key] for r in read_metrics(report / name) if r["step"] in (1, 2) and key in r)
          for key in ("dt", "tokens_per_s")] for name in ("muon", "main"))

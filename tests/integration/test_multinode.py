@@ -122,7 +122,9 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_e
     """Two drills on one run, the relaunch continuing from the first. Node 1 SIGKILLed: the survivor exits
     with one line, and the relaunch passes over a checkpoint left half-written. Then a SIGTERM to node 0's
     launcher PID alone (as `kill PID` and container runtimes do): both nodes save and stop, every step so far with
-    one node's losses step for step (2 nodes = 1 node, and the resume exact)."""
+    one node's losses step for step (2 nodes = 1 node, and the resume exact). ~25 s on a 2-core AVX2 EPYC: two
+    launches of two nodes, four processes each importing torch and DeepSpeed, on steps of GPT-2's vocabulary
+    (long enough for the signals to land before the last step)."""
     nodes = start_nodes(tmp_path, small_vocab_dir, network)
     read_until(nodes[0], "step     6/")  # the checkpoint of step 3 is complete
     os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
@@ -160,7 +162,8 @@ def test_a_killed_node_then_a_sigterm_to_a_launcher_and_the_relaunch_continues_e
 
 def test_slurm_script_runs_two_nodes_from_slurms_variables(tmp_path, small_vocab_dir, one_node):
     """launch/slurm.sbatch's per-node body, as srun would start it on each node: SLURM_* variables, and a
-    scontrol that expands the node list (to two loopback addresses: the first is the master)."""
+    scontrol that expands the node list (to two loopback addresses: the first is the master). ~17 s on a 2-core AVX2
+    EPYC: a launch of two nodes to the end, then the one-rank continuation through the universal form."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "127.0.0.1\\n127.0.0.2\\n"\n')
@@ -235,7 +238,8 @@ def test_over_ssh_a_node_that_does_not_answer_is_one_line_within_ssh_timeout(tmp
 
 def test_a_node_that_never_starts_is_named_in_one_line_after_the_collective_timeout(tmp_path, small_vocab_dir):
     """NODE_RANK=0 started alone, node1 never: torch's `DistStoreError: Timed out after 21 seconds waiting for clients.
-    1/2 clients joined.` was a traceback. One line now, naming the node that did not join."""
+    1/2 clients joined.` was a traceback. One line now, naming the node that did not join. ~19 s on a 2-core AVX2
+    EPYC: the launch, then the 10 s that --collective_timeout allows at least."""
     port = free_port()
     env = node_env(tmp_path, small_vocab_dir, port, 0)
     proc = subprocess.run(["bash", "launch/multinode.sh", *ARGS, "--collective_timeout", "10"], cwd=REPO, env=env,

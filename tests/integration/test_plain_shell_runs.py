@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from common import SMALL_VOCAB
 from conftest import REPO, plain_shell_env, read_metrics
 
 # what DeepSpeed writes when it reaches stdout: its logger's lines and its ops' bare prints
@@ -23,26 +24,29 @@ def run(*argv):
 
 
 @pytest.mark.slow
-def test_train_then_sample_and_export_in_a_plain_shell(tmp_path, small_vocab_dir):
-    """train_ds.py with the default DeepSpeed config (zero1_bf16), then gpt-sample and gpt-export on its
-    checkpoint."""
+def test_train_then_sample_and_export_in_a_plain_shell(tmp_path, small_vocab_dir, trained_checkpoint):
+    """train_ds.py with the default DeepSpeed config (zero1_bf16), in the tests' 512-id vocabulary (bf16 is emulated
+    on a CPU without bf16 units: GPT-2's logits cost seconds a step there); gpt-sample and gpt-export on the session's
+    trained checkpoint (GPT-2's vocabulary, which they need; a bf16 checkpoint's weights for them:
+    test_universal.py). Over 15 s on a 2-core AVX2 EPYC: three processes, each importing torch and DeepSpeed."""
     out = tmp_path / "run"
     proc = run("train_ds.py", "--model", "tiny", "--seq_len", "64", "--micro_batch", "2", "--total_batch_tokens",
                "256", "--max_steps", "2", "--data", str(small_vocab_dir), "--out_dir", str(out), "--val_every", "1",
-               "--val_tokens", "256", "--sample_every", "2", "--sample_tokens", "8")
+               "--val_tokens", "256", "--sample_every", "2", "--sample_tokens", "8", "--vocab_size", str(SMALL_VOCAB))
     assert "Setting accelerator to CPU" in proc.stderr  # DeepSpeed chose the device itself
     assert "1 rank(s) x micro_batch 2 x seq_len 64 x grad_accum 2 = 256 tokens/step" in proc.stdout
+    assert "bf16, ZeRO 1, BF16_Optimizer over AdamW" in proc.stdout  # the default config's
     records = read_metrics(out)
     assert [r["step"] for r in records if "loss" in r] == [0, 1] and [r["step"] for r in records if "val_loss" in r] \
         == [0, 1]
     assert f"step     1 | saved {out}/checkpoints/step_00000001" in proc.stdout
 
-    sampled = run("-m", "gpt.commands.sample", "--checkpoint", str(out / "checkpoints"), "--max_new_tokens", "8",
+    sampled = run("-m", "gpt.commands.sample", "--checkpoint", str(trained_checkpoint), "--max_new_tokens", "8",
                   "--num_samples", "2")
     assert sampled.stdout.startswith("--- sample 0\n") and "\n--- sample 1\n" in sampled.stdout
 
-    exported = run("-m", "gpt.commands.export", str(out / "checkpoints"), "--out_dir", str(tmp_path / "hf"))
-    assert exported.stdout.startswith(f"exported {out / 'checkpoints'} -> {tmp_path / 'hf'} ")
+    exported = run("-m", "gpt.commands.export", str(trained_checkpoint), "--out_dir", str(tmp_path / "hf"))
+    assert exported.stdout.startswith(f"exported {trained_checkpoint} -> {tmp_path / 'hf'} ")
     assert exported.stdout.count("\n") == 1
     assert {"config.json", "model.safetensors", "vocab.json", "merges.txt"} <= {p.name for p in (tmp_path / "hf").iterdir()}
 

@@ -76,6 +76,7 @@ def test_gpt_plan_in_a_plain_shell_prints_only_json_and_measure_needs_a_gpu():
                                        capture_output=True, text=True, timeout=300, env=plain_shell_env())
     planned = run("--gpu", "v100-32gb", "--json")
     assert planned.returncode == 0 and json.loads(planned.stdout)["seq_len"] == 64, planned.stderr[-2000:]
+    assert "Setting accelerator to CPU" not in planned.stderr  # a plan for a named GPU needs no accelerator
     if torch.cuda.is_available():
         return  # the GPU side: tests/integration/test_gpu.py
     measured = run("--measure", "--json")

@@ -64,6 +64,7 @@ def test_tensorboard_shows_the_runs_scalars_samples_settings_and_layout(tmp_path
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
     val_losses = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     assert [step for step, _ in losses] == [0, 1, 2, 3, 4] and [step for step, _ in val_losses] == [0, 2, 4]
+    assert all(0 < r["mfu"] < 1 for r in records if "loss" in r)  # against the peak the CPU declares
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -100,8 +101,8 @@ def test_tensorboard_shows_the_runs_scalars_samples_settings_and_layout(tmp_path
         experiment = get(base, "/data/plugin/hparams/experiment", {"experimentName": ""})
         names = [info["name"] for info in experiment["hparamInfos"]]
         assert names[:5] == list(MAIN_HPARAMS)  # the columns HParams shows without a tick
-        assert names[5:] == ["setup/compile", "setup/ds_config", "setup/loss", "setup/seed", "setup/total_batch_tokens",
-                             "setup/warmup_steps", "setup/zero_stage"]
+        assert names[5:] == ["setup/compile", "setup/ds_config", "setup/loss", "setup/lr_schedule", "setup/seed",
+                             "setup/total_batch_tokens", "setup/warmup_steps", "setup/zero_stage"]
         metric_tags = [m["name"]["tag"] for m in experiment["metricInfos"]]
         assert metric_tags == ["loss/train", "loss/val", "score/hellaswag_acc_norm"]
         assert not set(names) & (set(tags) | set(metric_tags)), "a setting named as a metric"
@@ -114,6 +115,7 @@ def test_tensorboard_shows_the_runs_scalars_samples_settings_and_layout(tmp_path
             "batch": "4 x 2 x 1 rank(s) = 512 tokens", "lr": 3e-3, "model": "tiny: 2 layers x 64, 2 heads",
             "precision": "fp32", "seq_len": 64, "setup/compile": "False", "setup/ds_config": settings[0]["args"]["ds_config"],
             "setup/loss": "fused (chunked PyTorch)", "setup/seed": 1234, "setup/total_batch_tokens": 512,
+            "setup/lr_schedule": "cosine: warmup 2 steps, cosine decay to peak x 0.1 at step 3",
             "setup/warmup_steps": settings[0]["args"]["warmup_steps"], "setup/zero_stage": 2}  # the first launch's
         final = {m["name"]["tag"]: (m["trainingStep"], m["value"]) for m in groups[0]["metricValues"]}
         assert final == {"loss/train": (4, pytest.approx(losses[-1][1], rel=1e-6)),

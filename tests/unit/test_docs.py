@@ -126,3 +126,8 @@ def test_a_tracker_number_would_be_found():
 def test_readme_is_one_page_of_at_most_200_lines():
     """The depth goes to docs/: README is what a new user reads first, whole."""
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_testing_guide_is_at_most_250_lines():
+    """docs/testing.md says what the suite is and checks, not its history: read whole before changing a test."""
+    assert len((REPO / "docs" / "testing.md").read_text().splitlines()) <= 250

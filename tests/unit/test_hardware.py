@@ -175,3 +175,43 @@ def test_the_matmul_peak_doubles_the_size_while_it_gains_and_fits_the_budget(mon
     peak = hardware.measure_cpu_peak_flops.__wrapped__(hardware.torch.float32)
     assert asked == sizes and peak == max(rates[size] for size in sizes)
 
+
+
+@pytest.mark.parametrize("flags, has_units, dtype, expected", [
+    (SAPPHIRE_RAPIDS, True, "bf16", ("amx_bf16", 1024)), (SAPPHIRE_RAPIDS, True, "fp32", ("avx512f", 64)),
+    (SAPPHIRE_RAPIDS, True, "fp16", ("avx512f", 64)),  # no AMX-FP16, no AVX512-FP16: fp32's units
+    (CASCADE_LAKE, False, "bf16", ("avx512f", 64)),  # bf16 emulated: the fp32 units do the matmuls
+    (SAPPHIRE_RAPIDS, False, "bf16", ("avx512f", 64)),  # oneDNN capped below bf16 (ONEDNN_MAX_CPU_ISA)
+    (EPYC_AVX2, False, "bf16", ("fma", 32)), (GRAVITON3, True, "bf16", ("bf16", 128)),
+    (GRAVITON3, True, "fp32", ("asimd", 32)), ({"sse2"}, False, "fp32", ("sse2", 8)), ({"lm"}, False, "fp32", None)])
+def test_the_flops_per_cycle_are_those_of_the_units_that_do_the_matmuls(monkeypatch, flags, has_units, dtype,
+                                                                        expected):
+    monkeypatch.setattr(hardware, "cpu_bf16_units", lambda: (has_units, "given"))
+    assert hardware.cpu_flops_per_cycle(dtype, flags) == expected
+
+
+def test_the_cpu_peak_is_what_the_cpu_declares_never_a_timing(monkeypatch, bf16_decision):
+    """A measured peak read MFU 0.47 and 0.29 at one speed beside a busy neighbour, and above 1 for bf16 emulated in
+    fp32: the peak is cores x clock x FLOPs per cycle, the same in every run on the machine."""
+    def timed(*args):
+        raise AssertionError("the peak was timed")
+    monkeypatch.setattr(hardware, "matmul_flops", timed)
+    monkeypatch.setattr(hardware, "cpu_clock_hz", lambda: 2.5e9)
+    bf16_decision(CASCADE_LAKE, slowdown=90.0)
+    assert hardware.cpu_peak_flops("bf16", 4) == (
+        4 * 2.5e9 * 64, "cpu peak (bf16): 4 core(s) x 2.50 GHz x 64 FLOP/cycle (avx512f)")
+    monkeypatch.setattr(hardware, "cpu_clock_hz", lambda: None)
+    assert hardware.cpu_peak_flops("fp32", 4) == (None, "nothing (this CPU declares no clock)")
+
+
+def test_the_clock_is_cpufreqs_highest_else_the_model_names_else_the_reported_one(tmp_path):
+    cpufreq, cpuinfo = tmp_path / "cpuinfo_max_freq", tmp_path / "cpuinfo"
+    cpufreq.write_text("3700000\n")
+    cpuinfo.write_text("model name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\ncpu MHz\t\t: 1000.0\n"
+                       "cpu MHz\t\t: 3100.5\n")
+    clock = hardware.cpu_clock_hz.__wrapped__
+    assert clock(str(cpuinfo), str(cpufreq)) == 3.7e9
+    assert clock(str(cpuinfo), str(tmp_path / "absent")) == 2.4e9
+    cpuinfo.write_text("model name\t: AMD EPYC\ncpu MHz\t\t: 1000.0\ncpu MHz\t\t: 2596.154\n")
+    assert clock(str(cpuinfo), str(tmp_path / "absent")) == pytest.approx(2.596154e9)
+    assert clock(str(tmp_path / "absent"), str(tmp_path / "absent")) is None

@@ -149,14 +149,14 @@ def test_cli_json_and_errors(capsys):
     assert plan["loss"] == "fused" and plan["allocator"] == "expandable_segments"  # the trainer's defaults
     code, _, err = gpt_plan(capsys, "--gpu", "tpu-v9")
     assert code == 1 and "invalid choice: 'tpu-v9'" in err
-    code, _, err = gpt_plan(capsys, "--model", "d48", "--ds_config", "ds_configs/zero1_bf16.json", "--gpu", "v100-32gb",
+    code, _, err = gpt_plan(capsys, "--model", "d48", "--ds_config", "ds_configs/zero1_fp16.json", "--gpu", "v100-32gb",
                             "--world_size", "1")
     assert code == 1 and err.startswith("error: even micro-batch 1 needs 3")
     assert "use ZeRO-2, activation checkpointing, more GPUs or a GPU with more memory" in err
-    code, _, err = gpt_plan(capsys, "--model", "d48", "--ds_config", "ds_configs/zero1_bf16.json", "--gpu", "v100-16gb",
+    code, _, err = gpt_plan(capsys, "--model", "d48", "--ds_config", "ds_configs/zero1_fp16.json", "--gpu", "v100-16gb",
                             "--world_size", "1")  # the model states alone: no batch or checkpointing helps
     assert code == 1 and err == ("error: the model states alone (1.56e+09 parameters: weights, gradients, optimizer "
-                                 "states) need 27.2 GiB per GPU, more than its 15.3 GiB: choose a smaller model, or "
+                                 "states) need 30.1 GiB per GPU, more than its 15.3 GiB: choose a smaller model, or "
                                  "more GPUs with ZeRO 1 or 2\n")
     code, _, err = gpt_plan(capsys, "--model", "d12")
     assert code == 1 and err.startswith("error: give --gpu (one of a100-40gb")

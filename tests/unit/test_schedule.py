@@ -80,3 +80,21 @@ def test_the_schedule_in_words():
     assert Schedule(6e-4, 2, 8, 0.1).describe() == "cosine: warmup 2 steps, cosine decay to peak x 0.1 at step 8"
     assert Schedule(6e-4, 0, 40, 0.0, "wsd", 0.5, "sqrt").describe() == (
         "wsd: constant to step 20, then a sqrt cooldown (0.5 of the run) to peak x 0 at step 40")
+
+
+def test_a_longer_schedule_that_raises_a_decayed_lr_says_so_and_an_extension_from_the_cooldown_start_does_not():
+    cosine, wsd = Schedule(6e-4, 2, 4, 0.1), Schedule(6e-4, 2, 40, 0.0, "wsd")
+    assert Schedule(6e-4, 2, 8, 0.1).rewarming(cosine, 4) == (
+        ": a longer cosine raises a decayed lr again (to extend a run without that, train it with --lr_schedule wsd "
+        "and resume from its checkpoint at the cooldown's start)")
+    longer = Schedule(6e-4, 2, 60, 0.0, "wsd")
+    assert longer.rewarming(wsd, 20) == "" and longer.rewarming(wsd, 30).startswith(": a longer wsd raises")
+    assert cosine.rewarming(Schedule(6e-4, 2, 8, 0.1), 3) == ""  # shorter: the lr falls sooner, nothing rises
+
+
+def test_a_checkpoint_saved_before_the_schedule_flags_existed_was_a_cosine_run():
+    from gpt.train.engine import OptimizerSettings
+    now = OptimizerSettings(1e-3, 0.1, 2, 20, 0.0, "wsd", 0.4, "sqrt")
+    was = now.as_recorded({"lr": 6e-4, "warmup_steps": 2, "max_steps": 10, "min_lr_ratio": 0.1, "seed": 1})
+    assert was == OptimizerSettings(6e-4, 0.1, 2, 10, 0.1) and was.lr_schedule == "cosine"
+    assert now.as_recorded({**vars(now), "max_steps": 12}) == OptimizerSettings(1e-3, 0.1, 2, 12, 0.0, "wsd", 0.4, "sqrt")

@@ -156,18 +156,40 @@ def test_the_watchdog_times_training_signals_as_they_arrive_while_the_main_threa
 def test_a_signal_another_handler_catches_is_no_stop():
     """Python writes every signal that has a Python handler into the wakeup pipe, not only ours: a library's (torch's
     DataLoader catches SIGCHLD) must not be taken for a stop, nor hide the SIGINT after it."""
-    previous = stop.signal.signal(stop.signal.SIGUSR1, lambda *_: None)
+    previous = stop.signal.signal(stop.signal.SIGUSR2, lambda *_: None)
     request = stop.StopRequest()
     try:
         with stderr_file() as said_so_far:
             request.started()
-            stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGUSR1)
+            stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGUSR2)
             stop.signal.pthread_kill(stop.threading.main_thread().ident, stop.signal.SIGINT)
             said = wait_for(said_so_far, state=lambda: watchdog_state(request))
             assert said.startswith("SIGINT: finishing this step") and request.requested == "SIGINT"
     finally:
         request.close()
-        stop.signal.signal(stop.signal.SIGUSR1, previous)
+        stop.signal.signal(stop.signal.SIGUSR2, previous)
+
+
+@pytest.mark.parametrize("signum, ignored", [(stop.signal.SIGUSR1, False), (stop.signal.SIGUSR1, True),
+                                             (stop.signal.SIGHUP, False)],
+                         ids=["SIGUSR1", "SIGUSR1_ignored_from_the_start", "SIGHUP"])
+def test_slurms_warning_and_a_closed_terminal_are_stops_that_save(signum, ignored):
+    """SIGUSR1, Slurm's `--signal=USR1@N` warning before a job's time limit, ended the run by its default, with no line
+    and no checkpoint; SIGHUP likewise before it was a stop. Each, in training, finishes the step and saves. SIGUSR1
+    also where it was ignored from the start: launch/slurm.sbatch ignores it for the launchers, which it would end."""
+    previous = stop.signal.signal(signum, stop.signal.SIG_IGN) if ignored else None
+    request = stop.StopRequest()
+    try:
+        with stderr_file() as said_so_far:
+            request.started()
+            stop.signal.pthread_kill(stop.threading.main_thread().ident, signum)
+            said = wait_for(said_so_far, state=lambda: watchdog_state(request))
+            assert said.startswith(f"{signum.name}: finishing this step, then saving and exiting")
+            assert request.requested == signum.name
+    finally:
+        request.close()
+        if ignored:
+            stop.signal.signal(signum, previous)
 
 
 def test_a_start_up_stop_whose_exception_was_swallowed_ends_the_run_at_the_first_step(capfd):
