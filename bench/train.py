@@ -94,7 +94,8 @@ LONGER = [{**DEMO, "name": "d4 200 steps", "steps": 200, "warmup": 20, "val_ever
 MUON_LRS = dict(adamw_lrs=(7.5e-4, 1.5e-3, 3e-3, 6e-3), muon_lrs=(0.01, 0.02, 0.04), adam_lr=3e-3,
                 corpus_kind="shakespeare")
 # speedrun: the baseline is AdamW with cosine at the muon section's learning rates, each run the shape's full length;
-# each variant trains dedicated runs at the shape's lengths. The shipped Muon recipe: the twin's JSON as it is, with wsd.
+# each variant trains dedicated runs at the shape's lengths. Muon's: the twin's JSON as shipped (its muon_lr, adam_lr and
+# weight_decay, no --lr), with cosine and with wsd (its default cooldown: linear over the last half, to 0.1x).
 # Each dedicated run warms up as the trainer does by default (a tenth of a short run: 6 steps at 60, 2 at 25) at the
 # demo's shape; over 20 steps at 300 steps' shape (the muon section's longer horizons).
 SPEEDRUN_SHAPES = [{**DEMO, "warmup": None, "lengths": (20, 25, 30, 35, 40, 50, 60)},
@@ -102,8 +103,8 @@ SPEEDRUN_SHAPES = [{**DEMO, "warmup": None, "lengths": (20, 25, 30, 35, 40, 50, 
                     "lengths": (90, 105, 120, 135, 150, 180, 240, 300)}]
 SPEEDRUN = dict(baseline_lrs=MUON_LRS["adamw_lrs"], corpus_kind="shakespeare", variants=[
     dict(name="AdamW wsd", optimizer="adamw", lr="baseline's", flags=("--lr_schedule", "wsd")),
-    dict(name="Muon cosine", optimizer="muon", flags=("--lr", 3e-3)),
-    dict(name="Muon wsd (shipped)", optimizer="muon", flags=("--lr_schedule", "wsd"))])
+    dict(name="Muon cosine", optimizer="muon"), dict(name="Muon wsd (shipped)", optimizer="muon",
+                                                     flags=("--lr_schedule", "wsd"))])
 MODES = {
     "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
                   ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8),
