@@ -138,8 +138,9 @@ def draw(rows, path):
         for colour, variant in zip(("tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:purple"),
                                    dict.fromkeys(r["variant"] for r in mine)):
             points = sorted((r["steps"] / full, r["final_val"], r["shortest"]) for r in mine if r["variant"] == variant)
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-" if len(points) > 1 else "o", color=colour,
-                    label=variant, alpha=0.8)
+            joined = variant != mine[0]["variant"]  # the baseline's points are learning rates, not lengths
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-" if joined else "o", color=colour,
+                    label=variant + ("" if joined else " (each lr)"), alpha=0.8)
             for x, y, answer in points:
                 if answer:
                     ax.plot(x, y, "o", markersize=12, markerfacecolor="none", color=colour)
@@ -147,6 +148,7 @@ def draw(rows, path):
         ax.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
         ax.set_title(f"{shape}: final val loss of dedicated runs")
         ax.set_xlabel("tokens (fraction of the baseline's)")
+        ax.set_xlim(0, 1.05)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
