@@ -131,12 +131,14 @@ def draw(rows, path):
     import matplotlib.pyplot as plt
 
     shapes = list(dict.fromkeys(r["shape"] for r in rows if r.get("final_val") is not None))
+    colours = dict(zip(dict.fromkeys(r["variant"] for r in rows if r.get("final_val") is not None),
+                       ("tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:purple", "tab:green")))  # alike in each panel
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         mine = [r for r in rows if r["shape"] == shape and r.get("final_val") is not None]
         full = max(r["steps"] for r in mine if r["variant"] == mine[0]["variant"])
-        for colour, variant in zip(("tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:purple"),
-                                   dict.fromkeys(r["variant"] for r in mine)):
+        for variant in dict.fromkeys(r["variant"] for r in mine):
+            colour = colours[variant]
             points = sorted((r["steps"] / full, r["final_val"], r["shortest"]) for r in mine if r["variant"] == variant)
             joined = variant != mine[0]["variant"]  # the baseline's points are learning rates, not lengths
             ax.plot([p[0] for p in points], [p[1] for p in points], "o-" if joined else "o", color=colour,
