@@ -26,6 +26,10 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
   muon      DeepSpeed's Muon against AdamW (bench/sections/muon.py): per shape, AdamW at each lr and Muon at each
             muon_lr from the same seed, data (Shakespeare) and batch; the steps and tokens Muon needs to reach AdamW's
             final validation loss at its best lr; Muon's step time over AdamW's, interleaved. --chart draws the curves
+  speedrun  tokens to a loss as speedruns count them (bench/sections/speedrun.py): the target is AdamW-with-cosine's
+            best final validation loss over its lr sweep; per recipe (AdamW with wsd, Muon with cosine, the shipped
+            Muon with wsd) the shortest dedicated run, its schedule ending where it stops, at or below it, in tokens
+            as a fraction of the baseline's; the demo's shape and d4 for 300 steps. --chart draws the final losses
   start     seconds from launching train_ds.py (2 ranks, the CPU demo's shape) to its first step with an empty
             torch extensions directory (cold) and again (warm); with --full also FusedAdam's, whose build cold pays
 
@@ -41,6 +45,7 @@ ratio against a baseline measured in the same run, steps interleaved (machines a
     python bench/train.py --smoke --only loss speed deterministic  # those once on the tiny model, eager (tests too)
     python bench/train.py --only muon --chart docs/muon_curves.png  # Muon vs AdamW at the demo's shape (~10 min)
     python bench/train.py --full --only muon --chart docs/muon_curves.png  # and d4 / 8 layers for 200 steps
+    python bench/train.py --only speedrun --chart docs/speedrun.png  # the demo's shape and d4 x 300 steps (hours)
     python bench/train.py --json bench.json    # also write the results as JSON (after each section)
 
 This file is the entry: the modes, the command line, the order of the sections. Each section is a module of
@@ -65,13 +70,14 @@ import sections.muon
 import sections.optimizer
 import sections.overhead
 import sections.speed
+import sections.speedrun
 import sections.start
 import sections.zero
 from harness import DEVICE, peaks_for, print_header, synthetic_shards, usable_dtypes
 from gpt.model.loss import kernel_for
 
 SECTIONS = ["overhead", "zero", "ckpt", "allocator", "compile", "loss", "speed", "deterministic", "optimizer", "start",
-            "muon"]
+            "muon", "speedrun"]
 CPU_ONLY_SECTIONS = {"zero", "allocator"}  # 2 ranks on one machine's cores; glibc's malloc
 # What each mode measures: overhead rows (model, seq_len, micro_batch, grad_accum), in `dtypes`, eager and,
 # where `overhead_compile` says so, compiled; zero, ckpt, allocator, compile (model, seq_len, micro_batch[, dtypes]);
@@ -87,6 +93,18 @@ LONGER = [{**DEMO, "name": "d4 200 steps", "steps": 200, "warmup": 20, "val_ever
 # AdamW's sweep reaches below the demo's 3e-3: at its shape 1.5e-3 ended lower (6.37 against 6.49, 2026-11-29)
 MUON_LRS = dict(adamw_lrs=(7.5e-4, 1.5e-3, 3e-3, 6e-3), muon_lrs=(0.01, 0.02, 0.04), adam_lr=3e-3,
                 corpus_kind="shakespeare")
+# speedrun: the baseline is AdamW with cosine at the muon section's learning rates, each run the shape's full length;
+# each variant trains dedicated runs at the shape's lengths. Muon's: the twin's JSON as shipped (its muon_lr, adam_lr and
+# weight_decay, no --lr), with cosine and with wsd (its default cooldown: linear over the last half, to 0.1x).
+# Each dedicated run warms up as the trainer does by default (a tenth of a short run: 6 steps at 60, 2 at 25) at the
+# demo's shape; over 20 steps at 300 steps' shape (the muon section's longer horizons).
+SPEEDRUN_SHAPES = [{**DEMO, "warmup": None, "lengths": (20, 25, 30, 35, 40, 50, 60)},
+                   {**DEMO, "name": "d4 300 steps", "steps": 300, "warmup": 20,
+                    "lengths": (90, 105, 120, 135, 150, 180, 240, 300)}]
+SPEEDRUN = dict(baseline_lrs=MUON_LRS["adamw_lrs"], corpus_kind="shakespeare", variants=[
+    dict(name="AdamW wsd", optimizer="adamw", lr="baseline's", flags=("--lr_schedule", "wsd")),
+    dict(name="Muon cosine", optimizer="muon"), dict(name="Muon wsd (shipped)", optimizer="muon",
+                                                     flags=("--lr_schedule", "wsd"))])
 MODES = {
     "quick": dict(overhead=[("tiny", 256, 8, 1), ("d12", 1024, 1, 1)], zero=("d4", 256, 4),
                   ckpt=("d12", 1024, 1, ("bf16",)), allocator=("d4", 256, 8), compile=("d4", 256, 8),
@@ -94,15 +112,17 @@ MODES = {
                   speed=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=2, compiles=(False,)),
                   deterministic=dict(model="d4", seq_len=256, micro_batch=4, grad_accum=1, steps=6, rounds=2),
                   optimizer=("d4", 256, 4), start=dict(rounds=2), muon=dict(shapes=[DEMO], **MUON_LRS),
-                  repeats=4, peak_max_size=2048, sections=["overhead", "zero", "ckpt"]),
+                  speedrun=dict(shapes=SPEEDRUN_SHAPES, **SPEEDRUN), repeats=4, peak_max_size=2048,
+                  sections=["overhead", "zero", "ckpt"]),
     "full": dict(overhead=[("tiny", 256, 16, 2), ("d12", 1024, 2, 2)], zero=("d12", 1024, 1),
                  ckpt=("d12", 1024, 2, ("fp32", "bf16")), allocator=("d4", 256, 8), compile=("d4", 256, 8),
                  loss=dict(model="d4", seq_len=256, sequences=32, micro_batch=8, sweep_from=1, compile=False),
                  speed=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, compiles=(False, True)),
                  deterministic=dict(model="d4", seq_len=256, micro_batch=8, grad_accum=2, steps=8, rounds=2),
                  optimizer=("d12", 256, 4), start=dict(rounds=3, fused_adam=True),
-                 muon=dict(shapes=[DEMO] + LONGER, **MUON_LRS), repeats=6, peak_max_size=4096,
-                 sections=SECTIONS[:-1]),  # the muon section (~1 h on 2 cores) only when named
+                 muon=dict(shapes=[DEMO] + LONGER, **MUON_LRS), speedrun=dict(shapes=SPEEDRUN_SHAPES, **SPEEDRUN),
+                 repeats=6, peak_max_size=4096,
+                 sections=SECTIONS[:-2]),  # the muon and speedrun sections (~1 h each on 2 cores) only when named
     # each section's code path once on the tiny model, for tests/unit/test_bench.py: the figures mean nothing. loss, speed
     # and deterministic only when named with --only (a test of their own), and eager: compiling takes ~60 s on 2 cores
     "smoke": dict(overhead=[("tiny", 64, 4, 1)], zero=("tiny", 64, 4), ckpt=("tiny", 64, 4, ("bf16",)),
@@ -114,6 +134,9 @@ MODES = {
                   muon=dict(shapes=[dict(name="tiny", model="tiny", seq_len=64, micro_batch=2, grad_accum=2, steps=4,
                                          warmup=1, val_every=2, val_tokens=128)],
                             adamw_lrs=(3e-3,), muon_lrs=(0.02,), adam_lr=3e-3, corpus_kind="synthetic"),
+                  speedrun=dict(shapes=[dict(name="tiny", model="tiny", seq_len=64, micro_batch=2, grad_accum=2, steps=4,
+                                             warmup=1, val_tokens=128, lengths=(2, 4))],
+                                baseline_lrs=(3e-3,), variants=SPEEDRUN["variants"], corpus_kind="synthetic"),
                   repeats=1, peak_max_size=256, sections=["overhead", "zero", "ckpt"]),
     # one GPU (quick or --full there): d12 at 131k tokens/step, bf16, the trainer and the plain loop each
     # eager and compiled (0.31 eager, 0.42 compiled MFU on an H100 at 524k tokens/step, 2026-11-22).
@@ -128,7 +151,7 @@ MODES = {
                 speed=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=16, compiles=(True, False), repeats=3),
                 deterministic=dict(model="d12", seq_len=1024, micro_batch=32, grad_accum=4, steps=8, rounds=2),
                 optimizer=("d12", 1024, 32), start=dict(rounds=1, fused_adam=True), muon=dict(shapes=[DEMO], **MUON_LRS),
-                repeats=5, sections=["overhead"],
+                speedrun=dict(shapes=SPEEDRUN_SHAPES, **SPEEDRUN), repeats=5, sections=["overhead"],
                 full_sections=["overhead", "ckpt", "compile", "loss", "speed", "deterministic", "optimizer", "start"]),
 }
 
@@ -140,7 +163,8 @@ def parse_args():
                         help="each section's code once on the tiny model (for tests): overhead, zero, ckpt "
                              "unless --only names others")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--chart", help="the muon section's validation curves, drawn here (a PNG)")
+    parser.add_argument("--chart", help="the muon section's validation curves or the speedrun section's final losses, "
+                                        "drawn here (a PNG)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS,
                         help="run only these sections")
     parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"),
@@ -262,6 +286,8 @@ def section_runs(settings, usable, data, tmp, results, chart=None):
                   lambda: {"start": sections.start.measure(data, tmp, dtypes[-1], **settings["start"])}),
         "muon": (sections.muon.TITLE, sections.muon.COLUMNS, lambda: {"muon": sections.muon.measure(
             data, tmp, dtypes[-1], repeats=repeats, chart=chart, **settings["muon"])}),
+        "speedrun": (sections.speedrun.TITLE, sections.speedrun.COLUMNS, lambda: {"speedrun": sections.speedrun.measure(
+            data, tmp, dtypes[-1], repeats=repeats, chart=chart, **settings["speedrun"])}),
     }
 
 

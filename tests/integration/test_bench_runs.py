@@ -2,7 +2,7 @@
 the loss, speed and deterministic sections in a run of their own; on a GPU too: the first run in
 tests/integration/test_gpu.py, the second here) and what it measures is consistent: timings are not asserted
 (machines are noisy), byte counts are, and so are which rows run or are skipped and why. bench/checkpoint.py runs
-too, on the tiny model: its universal conversion figures; and the muon section in a run of its own."""
+too, on the tiny model: its universal conversion figures; and the muon and speedrun sections in runs of their own."""
 import json
 import os
 import subprocess
@@ -169,6 +169,27 @@ def test_bench_smoke_muon_against_adamw(background_runs):
         assert run["tokens_vs_adamw"] == (None if not reached else (reached[0] + 1) / 4)
     assert timing["optimizer"] == "Muon / AdamW step time" and timing["step_ratio"] == timing["muon_s"] / timing["adamw_s"]
     chart = Path(background_runs["bench_smoke_muon"].args[-1]).parent / "muon_curves.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.background_runs({"bench_smoke_speedrun": background_run(
+    *bench_smoke_command("--only", "speedrun", "--chart", "{out}/speedrun.png"))})
+def test_bench_smoke_speedrun(background_runs):
+    """Tokens to a loss as speedruns count them, on the tiny model: the baseline's run sets the target; each variant's
+    dedicated runs, its answer the shortest at or below the target as a fraction of the baseline's tokens; the
+    step-time ratio; the chart."""
+    results, stdout = bench_results(background_runs["bench_smoke_speedrun"])
+    assert "## tokens to a loss, as speedruns count them" in stdout
+    *runs, timing = results["speedrun"]
+    (baseline,) = [r for r in runs if r["variant"] == "AdamW cosine"]
+    assert baseline["steps"] == 4 and baseline["shortest"] and baseline["tokens_vs_baseline"] == 1.0
+    for variant in ("AdamW wsd", "Muon cosine", "Muon wsd (shipped)"):
+        mine = [r for r in runs if r["variant"] == variant]
+        reached = sorted(r["steps"] for r in mine if r["final_val"] <= baseline["final_val"])
+        assert [r for r in mine if r["shortest"]] == [r for r in mine if reached and r["steps"] == reached[0]]
+        assert all(r["target"] == baseline["final_val"] for r in mine) and {r["steps"] for r in mine} <= {2, 4}
+    assert timing["variant"] == "Muon / AdamW step time" and timing["step_ratio"] == timing["muon_s"] / timing["adamw_s"]
+    chart = Path(background_runs["bench_smoke_speedrun"].args[-1]).parent / "speedrun.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,6 +1,8 @@
-"""bench/train.py's loss section, bookkeeping only: stand-ins for the trainer and --micro_batch auto (its runs:
-tests/integration/test_bench_runs.py)."""
+"""bench/train.py's loss and speedrun sections, bookkeeping only: stand-ins for the trainer and --micro_batch auto (their
+runs: tests/integration/test_bench_runs.py)."""
+import json
 import sys
+from pathlib import Path
 
 from common import REPO, load_script
 from gpt.model.loss import loss_problem
@@ -65,3 +67,36 @@ def test_modes_choose_the_eager_and_compiled_rows_of_the_overhead_and_speed_sect
         others = lambda given: {key: value for key, value in given.items() if key not in ("overhead_compile", "speed")}
         assert others(chosen) == others(settings)
         assert {**chosen["speed"], "compiles": None} == {**settings["speed"], "compiles": None}
+
+
+def test_speedrun_section_finds_each_recipes_shortest_dedicated_run(tmp_path, monkeypatch, capsys):
+    """The speedrun section's bookkeeping, a stand-in for the runs (final loss = 10 - slope x steps): the target is
+    the baseline's best final loss over its learning rates at the full length; each variant's dedicated runs are
+    found by bisection over the lengths, its answer the shortest at or below the target (None where none is), as a
+    fraction of the baseline's tokens; a variant asking for the baseline's lr gets its best one."""
+    bench = bench_script(monkeypatch, "bench/sections/speedrun.py")
+    runs = []
+    slopes = {("adamw", 1e-3): 0.03, ("adamw", 2e-3): 0.05, ("adamw", 4e-3): 0.04, ("muon", 3e-3): 0.1,
+              ("muon", 1e-3): 0.01}
+
+    def final_loss(settings):
+        optimizer = "muon" if "muon" in settings.run.ds_config else "adamw"
+        runs.append((optimizer, settings.optimizer.lr, settings.optimizer.max_steps, settings.optimizer.min_lr_ratio))
+        return 10 - slopes[optimizer, settings.optimizer.lr] * settings.optimizer.max_steps
+    monkeypatch.setattr(bench, "final_loss", final_loss)
+    shape = dict(name="demo", model="tiny", seq_len=64, micro_batch=2, grad_accum=2, steps=60, warmup=2,
+                 val_tokens=128, lengths=(20, 25, 30, 35, 40, 50, 60))
+    variants = [dict(name="AdamW to 0", optimizer="adamw", lr="baseline's", flags=("--min_lr_ratio", 0)),
+                dict(name="Muon", optimizer="muon", params={"muon_lr": 0.03}, flags=("--lr", 3e-3)),
+                dict(name="Muon slow", optimizer="muon", flags=("--lr", 1e-3))]
+    rows = bench.shape_rows(tmp_path, tmp_path, shape, "fp32", (1e-3, 2e-3, 4e-3), variants)
+    assert runs == [("adamw", 1e-3, 60, 0.1), ("adamw", 2e-3, 60, 0.1), ("adamw", 4e-3, 60, 0.1),
+                    ("adamw", 2e-3, 35, 0.0), ("adamw", 2e-3, 50, 0.0), ("adamw", 2e-3, 60, 0.0),  # 7.0 at 60 steps
+                    ("muon", 3e-3, 35, 0.1), ("muon", 3e-3, 25, 0.1), ("muon", 3e-3, 30, 0.1),  # 7.0 at 30 steps
+                    ("muon", 1e-3, 35, 0.1), ("muon", 1e-3, 50, 0.1), ("muon", 1e-3, 60, 0.1)]  # never
+    assert {r["target"] for r in rows} == {7.0}
+    assert [(r["variant"], r["steps"], r["tokens_vs_baseline"]) for r in rows if r["shortest"]] == [
+        ("AdamW cosine", 60, 1.0), ("AdamW to 0", 60, 1.0), ("Muon", 30, 0.5)]
+    assert rows[6]["settings"] == "--lr 0.003 (muon_lr 0.03)"
+    muon_json = json.loads(Path(bench.config_file(tmp_path, "fp32", variants[1])).read_text())
+    assert muon_json["optimizer"]["type"] == "Muon" and muon_json["optimizer"]["params"]["muon_lr"] == 0.03
