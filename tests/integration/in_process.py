@@ -45,6 +45,11 @@ def run_main(argv, main=train_ds.main):
                    if type(handler) is logging.StreamHandler}
     out, err = io.StringIO(), io.StringIO()
     code = 0
+    if "torch._dynamo" in sys.modules:
+        # A fresh process has compiled nothing: without this a compiled run traced shapes for the earlier runs' too
+        # (another micro-batch, sampling's lengths), recompiled with dynamic dimensions no run of its own has, and
+        # compiled them again; static, its graphs are those of any run of the same shapes (inductor's caches).
+        torch._dynamo.reset()
     try:
         os.chdir(REPO)
         for handler in log_streams:

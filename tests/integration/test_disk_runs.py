@@ -95,11 +95,13 @@ def test_a_save_onto_a_full_disk_says_so_and_keeps_latest_then_a_resume_is_refus
                                                  f"{megabytes(needed)}\n")
 
 
-def test_a_read_only_home_trains_and_fused_adam_there_is_one_line_and_exit_2(mount, tmp_path, small_vocab_dir):
+def test_a_read_only_home_trains_and_fused_adam_there_is_one_line_and_exit_2(mount, tmp_path, small_vocab_dir,
+                                                                          monkeypatch):
     """ds_configs/ train with torch's AdamW, which needs no build: a read-only HOME (torch's extensions directory
-    under it, no writable cache) trains. DeepSpeed's FusedAdam JIT-builds there and takes a lock file there to load
-    a built one: a config that asks for it is refused before anything is written (the run failed in DeepSpeed's op
-    build with `OSError: Read-only file system`)."""
+    under it, no writable cache) trains, in a process of its own. DeepSpeed's FusedAdam JIT-builds there and takes a
+    lock file there to load a built one: a config that asks for it is refused before anything is written (the run
+    failed in DeepSpeed's op build with `OSError: Read-only file system`); a check of the environment at start-up,
+    made in this process."""
     home = mount(tmp_path / "home", "1m", read_only=True)
     env = {k: v for k, v in plain_shell_env().items() if k not in ("TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME")}
     env["HOME"] = str(home)
@@ -113,7 +115,11 @@ def test_a_read_only_home_trains_and_fused_adam_there_is_one_line_and_exit_2(mou
     assert "over AdamW" in proc.stdout and list(home.iterdir()) == []
     fused_adam = write_ds_config(tmp_path / "fused_adam.json", "zero2_fp32.json", optimizer=FUSED_ADAM)
     out = tmp_path / "fused"
-    proc = run(out, "--ds_config", fused_adam)
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    _, proc = train(out, small_vocab_dir, *TINY, "--max_steps", "2", "--total_batch_tokens", "512", "--ds_config",
+                    fused_adam, check=False)
     assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stderr[-2000:]
     extensions = home / ".cache" / "torch_extensions"
     assert proc.stderr.splitlines()[-1] == (

@@ -53,3 +53,25 @@ def test_what_a_run_kept_of_its_freed_memory_is_handed_back_when_it_ends():
     before = resident_bytes()
     assert run_main([], main=main)[0] == 0
     assert resident_bytes() - before < 16 * 2**20  # the run's free memory handed back
+
+
+def test_a_compiled_run_compiles_for_its_own_shapes_as_in_a_process_of_its_own():
+    """torch.compile's state outlives a run in this process: a later run then traced shapes for the earlier ones too and
+    recompiled with a dynamic dimension that a run of its own never has (and no cache shares). Each run starts with
+    none, as a new process does. (Dynamo alone, no kernels: the eager backend.)"""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    graphs = EagerAndRecordGraphs()
+
+    @torch.compile(backend=graphs)
+    def double(x):
+        return x * 2
+
+    def main(argv):
+        double(torch.ones(int(argv[0])))
+
+    for size in ("2", "3"):
+        assert run_main([size], main=main)[0] == 0
+    inputs = [[getattr(value, "shape", value) for value in (node.meta["example_value"] for node in graph.graph.nodes
+                                                             if node.op == "placeholder")] for graph in graphs.graphs]
+    assert inputs == [[torch.Size([2])], [torch.Size([3])]]  # static: no symbolic size as an input of its own

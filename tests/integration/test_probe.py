@@ -167,30 +167,31 @@ def test_two_ranks_probe_through_the_trainer_and_agree_on_the_smaller_limit(two_
     assert "--micro_batch auto: planned 32" in out.stdout and "probed 4: micro_batch 4 x grad_accum 8" in out.stdout
 
 
-def out_of_memory_over_16_sequences(monkeypatch):
-    """The fused loss of runs at seq_len 64 raises a GPU's out-of-memory above 16 sequences, simulated."""
+def out_of_memory_over(monkeypatch, sequences):
+    """The fused loss of runs at seq_len 64 raises a GPU's out-of-memory above this many sequences, simulated."""
     def limited(hidden, weight, targets, real_vocab_size):
-        if hidden.shape[0] > 16 * 64:
-            raise torch.OutOfMemoryError("simulated: over 16 sequences")
+        if hidden.shape[0] > sequences * 64:
+            raise torch.OutOfMemoryError(f"simulated: over {sequences} sequences")
         return chunked_cross_entropy(hidden, weight, targets, real_vocab_size)
 
-    monkeypatch.setattr(losses, "kernel_for", lambda *args: losses.Kernel("chunked, out of memory over 16 sequences",
-                                                                          "", limited))
+    monkeypatch.setattr(losses, "kernel_for", lambda *args: losses.Kernel(
+        f"chunked, out of memory over {sequences} sequences", "", limited))
 
 
 def test_auto_falls_back_to_a_smaller_size_when_the_first_compiled_step_runs_out_of_memory(tmp_path, small_vocab_dir,
                                                                                           monkeypatch):
     """--micro_batch auto whose size then runs out of memory in the run's first step (compiled; out-of-memory
     simulated in the loss): the run is built again at the next smaller size that divides the token budget, one line
-    each time, and trains as a run started at that size does. ~19 s on a 2-core AVX2 EPYC: compiled runs (the point:
-    the first compiled step), the fallback's at two sizes and the fixed size's to compare."""
-    out_of_memory_over_16_sequences(monkeypatch)
-    args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "2048", "--compile"]
+    each time, and trains as a run started at that size does. Compiled runs (the point: the first compiled step);
+    the size it falls back to is the tiny runs' micro-batch, whose graphs other compiled tests share (inductor's
+    caches): only the first step's forward at 8 sequences is compiled for this test."""
+    out_of_memory_over(monkeypatch, 4)
+    args = [*TINY, "--max_steps", "3", "--total_batch_tokens", "512", "--compile"]
     auto, proc = train(tmp_path / "auto", small_vocab_dir, *args, "--micro_batch", "auto")
     fallbacks = [line for line in proc.stdout.splitlines() if "falling back" in line]
-    assert fallbacks == ["--micro_batch auto: micro-batch 32 ran out of memory in the run's first step; falling back to 16"]
-    assert "1 rank(s) x micro_batch 16 x seq_len 64 x grad_accum 2" in proc.stdout
-    fixed, _ = train(tmp_path / "fixed", small_vocab_dir, *args, "--micro_batch", "16")
+    assert fallbacks == ["--micro_batch auto: micro-batch 8 ran out of memory in the run's first step; falling back to 4"]
+    assert "1 rank(s) x micro_batch 4 x seq_len 64 x grad_accum 2" in proc.stdout
+    fixed, _ = train(tmp_path / "fixed", small_vocab_dir, *args, "--micro_batch", "4")
     assert train_losses(auto) == pytest.approx(train_losses(fixed), rel=1e-6) and len(train_losses(auto)) == 3
 
 
@@ -199,7 +200,7 @@ def test_a_resume_under_auto_keeps_the_size_its_run_chose_and_a_changed_run_choo
     """--micro_batch auto on a resume: the size the checkpoint's run chose (here by its first step's fallback, which
     the plan cannot know) is kept for the same run on the same device, in one line, with no fallback again, and the
     run goes on bit for bit as the uninterrupted one; a run changed in what the choice depends on chooses again."""
-    out_of_memory_over_16_sequences(monkeypatch)
+    out_of_memory_over(monkeypatch, 16)
     args = [*TINY, "--max_steps", "4", "--total_batch_tokens", "2048", "--micro_batch", "auto"]
     whole, proc = train(tmp_path / "whole", small_vocab_dir, *args, "--save_every", "2")
     assert "falling back to 16" in proc.stdout

@@ -173,22 +173,26 @@ def test_a_signal_another_handler_catches_is_no_stop():
         stop.signal.signal(stop.signal.SIGUSR2, previous)
 
 
-@pytest.mark.parametrize("signum, ignored", [(stop.signal.SIGUSR1, False), (stop.signal.SIGUSR1, True),
+@pytest.mark.parametrize("signum, ignored", [(stop.signal.SIGTERM, False), (stop.signal.SIGINT, False),
+                                             (stop.signal.SIGUSR1, False), (stop.signal.SIGUSR1, True),
                                              (stop.signal.SIGHUP, False)],
-                         ids=["SIGUSR1", "SIGUSR1_ignored_from_the_start", "SIGHUP"])
-def test_slurms_warning_and_a_closed_terminal_are_stops_that_save(signum, ignored):
+                         ids=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR1_ignored_from_the_start", "SIGHUP"])
+def test_each_stop_signal_in_training_is_a_stop_that_saves_and_cuts_an_evaluation_short(signum, ignored):
     """SIGUSR1, Slurm's `--signal=USR1@N` warning before a job's time limit, ended the run by its default, with no line
     and no checkpoint; SIGHUP likewise before it was a stop. Each, in training, finishes the step and saves. SIGUSR1
-    also where it was ignored from the start: launch/slurm.sbatch ignores it for the launchers, which it would end."""
+    also where it was ignored from the start: launch/slurm.sbatch ignores it for the launchers, which it would end.
+    Each is what asked() answers between a sample's tokens and an evaluation's batches: the cut of a long sample, drilled
+    with the launcher's death in tests/integration/test_checkpoint_runs.py, is the same for each."""
     previous = stop.signal.signal(signum, stop.signal.SIG_IGN) if ignored else None
     request = stop.StopRequest()
     try:
         with stderr_file() as said_so_far:
             request.started()
+            assert not request.asked()
             stop.signal.pthread_kill(stop.threading.main_thread().ident, signum)
             said = wait_for(said_so_far, state=lambda: watchdog_state(request))
             assert said.startswith(f"{signum.name}: finishing this step, then saving and exiting")
-            assert request.requested == signum.name
+            assert request.requested == signum.name and request.asked()
     finally:
         request.close()
         if ignored:
