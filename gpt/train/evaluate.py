@@ -3,7 +3,6 @@ import torch
 import torch.distributed as dist
 
 from gpt.data.tokenizer import gpt2_tokenizer
-from gpt.runtime import ranks
 
 SAMPLE_PROMPT = "\n"  # a fresh line: the model writes whatever it has learned to write
 
@@ -53,6 +52,9 @@ class Target:
         if self.loss is None or val is None:
             return False
         self.lowest = min(self.lowest, (step, val), key=lambda at: at[1])
+        # imported here: the console tools that import this module (gpt-eval, gpt-sample) must not load DeepSpeed's
+        # runtime before they parse their flags (its accelerator line would precede their --help)
+        from gpt.runtime import ranks
         return ranks.on_every_rank(val <= self.loss, self.device)
 
     def record(self, step, val, tokens, seconds):
