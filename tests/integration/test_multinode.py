@@ -167,9 +167,10 @@ def test_a_killed_node_then_slurms_relaunch_past_a_half_written_checkpoint_a_sig
     variables), passes over a checkpoint left half-written and resumes from the last complete one. A SIGTERM to
     node 0's launcher PID alone (as `kill PID` and container runtimes do): both nodes save and stop, every step so
     far with one node's losses step for step (2 nodes = 1 node, and the resume exact). The stop's checkpoint goes
-    on, on one node of one rank, through the universal form. ~25 s on a 2-core AVX2 EPYC (~1.6x this machine's):
-    two launches of two nodes, four processes each importing torch and DeepSpeed, on steps of GPT-2's vocabulary
-    (long enough for the signals to land before the last step); one launch cannot both lose a node and stop."""
+    on, on one node of one rank, through the universal form. ~22 s on a 2-core AVX512-BF16 EPYC, ~35 s on a 2-core
+    AVX2 EPYC (~1.6x): two launches of two nodes, four processes each importing torch and DeepSpeed, on steps of
+    GPT-2's vocabulary (long enough for the signals to land before the last step); one launch cannot both lose a
+    node and stop on a SIGTERM."""
     newest = a_killed_node(tmp_path, small_vocab_dir, network)
     newest_step = int(newest.name.split("_")[1])
     nodes = start_nodes(tmp_path, small_vocab_dir, network, "launch/slurm.sbatch",
