@@ -217,7 +217,8 @@ def stop_drills(data, environ, out):
                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     resumes_at = step_of(nohup[2][-1]) + 1 if nohup[2] else 0  # 0: a fresh start, the SIGTERM saved nothing
     hangup = signalled(out, data, environ, "--resume", "auto", at=[(f"step {resumes_at:5d}/", signal.SIGHUP)])
-    return dict(out=out, nohup=nohup, hangup=hangup, in_training=in_training_stops(out, data, environ))
+    in_training = in_training_stops(out, data, environ) if hangup[2] else None  # None: no checkpoint to resume
+    return dict(out=out, nohup=nohup, hangup=hangup, in_training=in_training)
 
 
 def in_training_stops(out, data, environ):
@@ -274,9 +275,11 @@ def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(
     """SIGHUP (a closed terminal) too: its default ended the run silently, without a save. Each stops one launch of
     stop_drills, and the next launch resumes it."""
     nohup, hangup, in_training = stopped_runs["nohup"], stopped_runs["hangup"], stopped_runs["in_training"]
-    (code, output, tags), before, signalled_at, resumed = {
-        signal.SIGTERM: (nohup, [], 6, hangup[1]),
-        signal.SIGHUP: (hangup, nohup[2], step_of(nohup[2][-1]) + 1, in_training[1])}[signum]
+    if signum == signal.SIGTERM:  # the signal's launch, the checkpoints before it, the step it came at, the resume
+        (code, output, tags), before, signalled_at, resumed = nohup, [], 6, hangup[1]
+    else:
+        (code, output, tags), before, resumed = hangup, nohup[2], in_training and in_training[1] or ""
+        signalled_at = step_of(before[-1]) + 1
     assert code == 0 and f"stopped by {signum.name}: checkpoint saved, exiting" in output, output[-3000:]
     (tag,) = set(tags) - set(before)  # this launch's one save: the stop's
     # stopped where the signal met it, long before its 500 steps: how many steps a loaded machine takes between the
