@@ -264,7 +264,7 @@ stopped_runs_started, stopped_runs = started_early(stop_drills, "small_vocab_dir
 @pytest.mark.slow
 def test_a_run_started_under_nohup_trains_on_through_sighup(stopped_runs):
     """nohup's promise: SIGHUP ignored from the start stays ignored, the run trains on (to stop_drills' SIGTERM 3 steps
-    later)."""
+    later). The first reader of stop_drills: it waits for what of its three launches the tests before it left."""
     code, output, _ = stopped_runs["nohup"]
     assert code == 0 and "stopped by SIGHUP" not in output and "step     6/500" in output, output[-3000:]
 
