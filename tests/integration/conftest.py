@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -295,6 +296,34 @@ def background_runs(background_lane):
     """{name: completed process} of every background_run the selected tests declare."""
     background_lane.join(timeout=1800)
     return background_lane.results
+
+
+STARTED_EARLY = pytest.StashKey[set]()  # (module, fixture) of each started_early already started
+
+
+def started_early(work, *fixtures, name):
+    """The fixtures of a module's drills that mostly wait on processes: work(*the fixtures' values, this process's
+    environment, a directory of its own) runs in a thread from the module's first test on, beside its other tests,
+    and the fixture `name` returns what it returned; not started when no selected test of the module asks for `name`.
+    The environment is read in the main thread: a run in this process changes it while it runs. Once per session: a
+    module whose tests are split (those that read the shared 2-rank launch run last) sets its fixtures up again. Assign
+    the pair to module-level names (pytest finds fixtures there)."""
+    @pytest.fixture(scope="module", autouse=True, name=f"{name}_started")
+    def started(request, tmp_path_factory):
+        done, key = request.config.stash.setdefault(STARTED_EARLY, set()), (request.module.__name__, name)
+        if key in done or not any(item.module is request.module and name in item.fixturenames
+                                  for item in request.session.items):
+            yield None
+            return
+        done.add(key)
+        values = [request.getfixturevalue(fixture) for fixture in fixtures]
+        with ThreadPoolExecutor(1) as pool:
+            yield pool.submit(work, *values, dict(os.environ), tmp_path_factory.mktemp(name))
+
+    @pytest.fixture(scope="module", name=name)
+    def result(request):
+        return request.getfixturevalue(f"{name}_started").result()
+    return started, result
 
 
 def saved_tensors(step_dir):

@@ -13,9 +13,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import (REPO, TINY, default_signals, free_port, out_dir_of, saved_tensors, succeeded, train,
+from conftest import (REPO, TINY, default_signals, out_dir_of, saved_tensors, started_early, succeeded, train,
                       two_rank_run, write_ds_config)
 from gpt.train import checkpoint, resume, universal
+from gpt.train.stop import AT_ONCE_AFTER_S
 from gpt.train.metrics import events_dir
 from gpt.console import BadInput
 
@@ -182,100 +183,52 @@ def test_a_resume_turns_amsgrad_on_and_drops_clipping_for_compute_grad_norm_fals
                                            saved["base_optimizer_state"]["state"].values())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(tmp_path, small_vocab_dir, signum):
-    """SIGHUP (a closed terminal) too: its default ended the run silently, without a save."""
-    cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "500", "--total_batch_tokens", "512",
-           "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=default_signals)
-    for line in proc.stdout:
-        if line.startswith("step     3/"):
-            proc.send_signal(signum)
-            break
-    output = proc.stdout.read()
-    assert proc.wait(timeout=60) == 0
-    assert f"stopped by {signum.name}: checkpoint saved, exiting" in output
-    (tag,) = checkpoint.complete_tags(tmp_path / "checkpoints")
-    stopped_at = int(tag.split("_")[1])
-    # stopped where the signal met it, long before its 500 steps: how many steps a loaded machine takes between the
-    # line and the signal's arrival is not the point (a bound of 10 failed under a load of 13 on 2 cores)
-    assert 3 <= stopped_at < 499
-    records, proc = train(tmp_path, small_vocab_dir, *TINY, "--max_steps", str(stopped_at + 3),
-                          "--total_batch_tokens", "512", "--save_every", "0", "--resume", "auto")
-    assert f"at step {stopped_at + 1}" in proc.stdout
+STOPPED = [*TINY, "--max_steps", "500", "--total_batch_tokens", "512", "--save_every", "0"]
 
 
-@pytest.mark.slow
-def test_a_run_started_under_nohup_trains_on_through_sighup(tmp_path, small_vocab_dir):
-    """nohup's promise: SIGHUP ignored from the start stays ignored, the run trains its steps."""
-    cmd = [sys.executable, "train_ds.py", *TINY, "--max_steps", "12", "--total_batch_tokens", "512",
-           "--save_every", "0", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup starts it
-    for line in proc.stdout:
-        if line.startswith("step     3/"):
-            proc.send_signal(signal.SIGHUP)
-            break
-    output = proc.stdout.read()
-    assert proc.wait(timeout=60) == 0, output[-3000:]
-    assert "stopped by" not in output and "step    11/12" in output
-
-
-@pytest.mark.slow
-def test_a_stop_during_a_long_sample_cuts_it_short_and_saves(tmp_path, shakespeare_dir):
-    """A SIGTERM while the trainer wrote a 1,500-token sample (d4) kept sampling for minutes before saving: a
-    scheduler's grace period (Slurm's default: 30 s) would have killed it first. The stop comes once step 0 is
-    logged, when the sample of step 0 (4,096 tokens of d4 with GPT-2's vocabulary: a minute on a 2-core EPYC) begins;
-    the rank saves step 0 and exits 0 without the sample (validation and HellaSwag are cut the same way). The stop here:
-    a SIGTERM to the `deepspeed` runner alone (as `docker stop` signals a container's PID 1), which dies at once and
-    leaves its launcher and the rank running: the rank sampled on to the end before it looked at its launchers. A signal
-    to the rank sets the same flag the sample asks for (tests/unit/test_stops.py, each stop signal)."""
-    cmd = ["train_ds.py", "--model", "d4", "--seq_len", "64", "--micro_batch", "2",
-           "--total_batch_tokens", "128", "--max_steps", "50", "--val_every", "0", "--sample_every", "1",
-           "--sample_tokens", "4096", "--save_every", "0", "--ds_config", "ds_configs/zero2_fp32.json",
-           "--data", str(shakespeare_dir), "--out_dir", str(tmp_path)]
-    launcher = ["deepspeed", "--num_gpus", "1", "--master_port", str(free_port())]
-    proc = subprocess.Popen([*launcher, *cmd], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=default_signals)
-    lines = []
+def signalled(out, data, environ, *flags, at=(), preexec_fn=default_signals):
+    """`python train_ds.py` of STOPPED's steps into out, sent each signal of `at` ((line prefix, signal), in order) as
+    it prints that line: (exit status, output, the complete checkpoints' tags after it)."""
+    proc = subprocess.Popen([sys.executable, "train_ds.py", *STOPPED, "--data", str(data), "--out_dir", str(out),
+                             *flags], cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=preexec_fn)
+    pending, lines = list(at), []
     try:
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("step     0/"):
-                proc.send_signal(signal.SIGTERM)
-                break
-        output = "".join(lines) + proc.stdout.read()  # until every process holding the pipe (launch.py, the rank) exits
+            if pending and line.startswith(pending[0][0]):
+                proc.send_signal(pending.pop(0)[1])
+        code = proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.wait(timeout=120) == -signal.SIGTERM, output[-3000:]
-    assert "step     0 | evaluation skipped or cut short: stopping" in output, output[-3000:]
-    assert "stopped by its launcher exiting" in output and "sample at step" not in output
-    assert "checkpoint saved, exiting" in output
-    assert checkpoint.complete_tags(tmp_path / "checkpoints") == ["step_00000000"]
+        proc.kill()
+    return code, "".join(lines), checkpoint.complete_tags(out / "checkpoints")
 
 
-@pytest.mark.slow
-def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(tmp_path, small_vocab_dir):
-    """A resumed run's first step, made long (1M tokens of the tiny model: a minute on a 2-core EPYC; a CPU step can
-    take minutes): a SIGINT there is answered on stderr at once; the same again, at least AT_ONCE_AFTER_S later, ends
-    the run before the step does, exit 1, without a checkpoint of that step: the one before stands. The first signal
-    goes 1 s after the resume's line (the step begins microseconds after it), the second after the first's answer: the
-    step is ~30x what the test waits, and a slower machine widens that. The steps before it are tiny ones: the drill
-    costs a start-up, not minutes of steps. (Validation, HellaSwag and samples are cut short by a stop instead:
-    test_a_stop_during_a_long_sample_cuts_it_short_and_saves. tests/unit/test_stops.py: a second signal sooner is the
-    same request; a run with no checkpoint says so.)"""
-    from gpt.train.stop import AT_ONCE_AFTER_S
+def step_of(tag):
+    return int(tag.split("_")[1])
 
-    out = tmp_path / "run"
-    flags = [*TINY, "--save_every", "1"]
-    train(out, small_vocab_dir, *flags, "--total_batch_tokens", "512", "--max_steps", "2")  # steps 0 and 1, saved
-    cmd = [sys.executable, "train_ds.py", *flags, "--total_batch_tokens", str(2**20), "--max_steps", "50", "--resume",
-           "auto", "--data", str(small_vocab_dir), "--out_dir", str(out)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+def stop_drills(data, environ, out):
+    """Three launches of one tiny run into out, each resuming the one before (a launch costs seconds of imports):
+    started as nohup starts it (SIGHUP ignored), a SIGHUP at step 3, then a SIGTERM at step 6; resumed with SIGHUP at
+    its default, a SIGHUP at its first step; resumed with a long first step, a SIGINT in it and again
+    (in_training_stops). {name: what signalled returns} and out."""
+    nohup = signalled(out, data, environ, at=[("step     3/", signal.SIGHUP), ("step     6/", signal.SIGTERM)],
+                      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    resumes_at = step_of(nohup[2][-1]) + 1 if nohup[2] else 0  # 0: a fresh start, the SIGTERM saved nothing
+    hangup = signalled(out, data, environ, "--resume", "auto", at=[(f"step {resumes_at:5d}/", signal.SIGHUP)])
+    in_training = in_training_stops(out, data, environ) if hangup[2] else None  # None: no checkpoint to resume
+    return dict(out=out, nohup=nohup, hangup=hangup, in_training=in_training)
+
+
+def in_training_stops(out, data, environ):
+    """A resumed run's first step made long (1M tokens of the tiny model: seconds to a minute on a 2-core EPYC; a CPU
+    step can take minutes): the first SIGINT goes 1 s after the resume's line (the step begins microseconds after
+    it), the second after the first's answer, at least AT_ONCE_AFTER_S after it arrived: the step is many times what
+    the drill waits, and a slower machine widens that. (exit status, stdout, stderr lines, tags)."""
+    cmd = [sys.executable, "train_ds.py", *STOPPED, "--total_batch_tokens", str(2**20), "--resume", "auto",
+           "--data", str(data), "--out_dir", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr, stdout = [], []
     answered = threading.Event()
 
@@ -289,28 +242,75 @@ def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_with
     try:
         for line in proc.stdout:
             stdout.append(line)
-            if line.startswith("resumed from"):  # step 2 begins
+            if line.startswith("resumed from"):  # the step begins
                 break
         time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
-        assert answered.wait(timeout=120), "".join(stderr)[-3000:]
+        answered.wait(timeout=120)
         time.sleep(AT_ONCE_AFTER_S + 0.2)  # at least this long after the first arrived
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 1
+        code = proc.wait(timeout=120)
         stdout += proc.stdout.readlines()
     finally:
         proc.kill()
         reader.join()
-    # the first answer came before step 2 ended (said at once), and step 2 never ended: no save
-    assert not any(line.startswith(("step     2", "step     3/")) for line in stdout), stdout
+    return code, "".join(stdout), stderr, checkpoint.complete_tags(out / "checkpoints")
+
+
+# beside the module's in-process runs from its first test on: the launches mostly wait
+stopped_runs_started, stopped_runs = started_early(stop_drills, "small_vocab_dir", name="stopped_runs")
+
+
+@pytest.mark.slow
+def test_a_run_started_under_nohup_trains_on_through_sighup(stopped_runs):
+    """nohup's promise: SIGHUP ignored from the start stays ignored, the run trains on (to stop_drills' SIGTERM 3 steps
+    later). The first reader of stop_drills: it waits for what of its three launches the tests before it left."""
+    code, output, _ = stopped_runs["nohup"]
+    assert code == 0 and "stopped by SIGHUP" not in output and "step     6/500" in output, output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_finishes_the_step_saves_and_exits_0_then_auto_resume_continues(stopped_runs, signum):
+    """SIGHUP (a closed terminal) too: its default ended the run silently, without a save. Each stops one launch of
+    stop_drills, and the next launch resumes it."""
+    nohup, hangup, in_training = stopped_runs["nohup"], stopped_runs["hangup"], stopped_runs["in_training"]
+    if signum == signal.SIGTERM:  # the signal's launch, the checkpoints before it, the step it came at, the resume
+        (code, output, tags), before, signalled_at, resumed = nohup, [], 6, hangup[1]
+    else:
+        (code, output, tags), before, resumed = hangup, nohup[2], in_training and in_training[1] or ""
+        signalled_at = step_of(before[-1]) + 1
+    assert code == 0 and f"stopped by {signum.name}: checkpoint saved, exiting" in output, output[-3000:]
+    (tag,) = set(tags) - set(before)  # this launch's one save: the stop's
+    # stopped where the signal met it, long before its 500 steps: how many steps a loaded machine takes between the
+    # line and the signal's arrival is not the point (a bound of 10 failed under a load of 13 on 2 cores)
+    assert signalled_at <= step_of(tag) < 499
+    checkpoints = stopped_runs["out"] / "checkpoints"
+    assert f"resumed from {checkpoints / tag} at step {step_of(tag) + 1}" in resumed, resumed[-3000:]
+
+
+@pytest.mark.slow
+def test_in_training_a_stop_is_said_at_once_and_the_same_signal_again_stops_without_saving(stopped_runs):
+    """A resumed run's long first step (stop_drills): a SIGINT there is answered on stderr at once; the same again, at
+    least AT_ONCE_AFTER_S later, ends the run before the step does, exit 1, without a checkpoint of that step: the one
+    before stands. The steps before it are tiny ones: the drill costs a start-up, not minutes of steps. (Validation,
+    HellaSwag and samples are cut short by a stop instead: test_stops_runs.py's
+    test_sigterm_to_the_deepspeed_command_saves_and_stops_every_rank. tests/unit/test_stops.py: a second signal sooner
+    is the same request; a run with no checkpoint says so.)"""
+    code, stdout, stderr, tags = stopped_runs["in_training"]
+    before = stopped_runs["hangup"][2]
+    assert code == 1, "".join(stderr)[-3000:]
+    # the first answer came before the step ended (said at once), and the step never ended: no save, no record
+    assert f"step {step_of(before[-1]) + 1:5d}" not in stdout, stdout[-3000:]
     said = [line for line in stderr if line.startswith(("SIGINT", "error"))]
     assert said == [
         f"SIGINT: finishing this step, then saving and exiting (SIGINT again, {AT_ONCE_AFTER_S:.0f} s or more from "
         f"now, stops at once without saving)\n",
         "error: stopped at once by a second SIGINT, without saving: the last complete checkpoint stands (--resume "
         "auto continues from it)\n"]
-    assert checkpoint.complete_tags(out / "checkpoints")[-1] == "step_00000001"
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert tags == before
+    assert [json.loads(line)["step"] for line in (stopped_runs["out"] / "metrics.jsonl").read_text().splitlines()] == \
+        list(range(step_of(before[-1]) + 1))
 
 
 def test_a_stage_written_2_point_0_trains_saves_and_resumes_as_stage_2(tmp_path, small_vocab_dir):

@@ -182,7 +182,7 @@ def test_each_stop_signal_in_training_is_a_stop_that_saves_and_cuts_an_evaluatio
     and no checkpoint; SIGHUP likewise before it was a stop. Each, in training, finishes the step and saves. SIGUSR1
     also where it was ignored from the start: launch/slurm.sbatch ignores it for the launchers, which it would end.
     Each is what asked() answers between a sample's tokens and an evaluation's batches: the cut of a long sample, drilled
-    with the launcher's death in tests/integration/test_checkpoint_runs.py, is the same for each."""
+    with the launcher's death in tests/integration/test_stops_runs.py, is the same for each."""
     previous = stop.signal.signal(signum, stop.signal.SIG_IGN) if ignored else None
     request = stop.StopRequest()
     try:
