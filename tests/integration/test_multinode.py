@@ -7,7 +7,6 @@ checkpoint, never from one left half-written; a SIGTERM to one launcher's PID sa
 step with one node's losses; the stop's checkpoint goes on on one rank. And launch/multinode.sh's own checks,
 each one line: a bad hostfile, a node that does not answer over ssh, a node that never starts (the last two,
 which wait, start with the module's first test and wait beside its launches)."""
-import contextlib
 import json
 import os
 import shutil
@@ -17,8 +16,8 @@ import time
 
 import pytest
 
-from conftest import (GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, default_signals, free_port, succeeded, train,
-                      two_rank_run)
+from conftest import (GPT2_VOCAB, REPO, RELATIVE_TOLERANCE, TINY, default_signals, free_port, started_early, succeeded,
+                      train, two_rank_run)
 from gpt.train import resume
 
 # GPT-2's vocabulary: steps long enough (~0.25 s) that the drills' signals land before the run's last step
@@ -69,12 +68,13 @@ def losses(records):
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-def node_env(tmp_path, data, port, node_rank, hostnames=("node0", "node1")):
+def node_env(tmp_path, data, port, node_rank, hostnames=("node0", "node1"), base=None):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{host} slots=1\n" for host in hostnames))
     # OMP_NUM_THREADS=1: the two nodes share this machine's 2 cores, one each, as one node's 2 ranks do. Each
     # would otherwise take both, and a rank's thread count changes the bits (test_a_ranks_thread_count_...).
-    return {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "HOSTFILE": str(hostfile), "OMP_NUM_THREADS": "1",
+    return {**(os.environ if base is None else base), "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu",
+            "HOSTFILE": str(hostfile), "OMP_NUM_THREADS": "1",
             "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DATA": str(data),
             "OUT_DIR": str(tmp_path / "out")}
 
@@ -228,78 +228,50 @@ def test_a_hostfile_missing_or_with_a_bad_line_is_one_line_from_the_callers_dire
                                                  "order)\n")
 
 
-@contextlib.contextmanager
-def started(directory, argv, cwd, env):
-    """argv started now, in its own session, its stdout and stderr to files in directory; gives finished(timeout),
-    which waits for it and returns the completed process. Killed at the end if still running."""
-    with open(directory / "stdout", "w+") as out, open(directory / "stderr", "w+") as err:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True,
-                                preexec_fn=default_signals)
-
-        def finished(timeout):
-            code = proc.wait(timeout=timeout)
-            out.seek(0), err.seek(0)
-            return subprocess.CompletedProcess(argv, code, out.read(), err.read())
-        try:
-            yield finished
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def waiting_checks_start_first(request):
-    """The checks that spend their time waiting (an ssh that never answers, a node that never starts) start with
-    the module's first test where a selected test reads them: they wait while the launches of two nodes use the
-    cores, and their tests read how they ended."""
-    wanted = {name for item in request.session.items if item.module is request.module for name in item.fixturenames}
-    for name in ("unanswered_ssh", "never_joined_node"):
-        if name in wanted:
-            request.getfixturevalue(name)
-
-
-@pytest.fixture(scope="module")
-def unanswered_ssh(tmp_path_factory):
-    """finished(timeout) of launch/multinode.sh over ssh, from a directory with a hostfile of two nodes and an ssh
-    that never answers for node2 (as an address that drops packets), whatever this machine's ssh and network."""
-    tmp_path = tmp_path_factory.mktemp("unanswered_ssh")
+def unanswered_ssh(environ, tmp_path):
+    """launch/multinode.sh over ssh, from a directory with a hostfile of two nodes and an ssh that never answers for
+    node2 (as an address that drops packets), whatever this machine's ssh and network."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ssh").write_text('#!/bin/sh\ncase "$*" in *node2*) exec sleep 600;; esac\n')
     (bin_dir / "ssh").chmod(0o755)
     (tmp_path / "nodes").write_text("node1 slots=1\nnode2 slots=1\n")
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu",
+    env = {"PATH": f"{bin_dir}:{environ['PATH']}", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu",
            "HOSTFILE": "nodes", "SSH_TIMEOUT": "2"}
-    with started(tmp_path, ["bash", str(REPO / "launch" / "multinode.sh")], tmp_path, env) as finished:
-        yield finished
+    return subprocess.run(["bash", str(REPO / "launch" / "multinode.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def never_joined_node(tmp_path_factory, small_vocab_dir):
-    """(finished(timeout), its MASTER_PORT) of NODE_RANK=0 of two nodes started alone, with --collective_timeout 10
-    (the least it allows): node 1 never starts."""
-    tmp_path = tmp_path_factory.mktemp("never_joined")
+def never_joined_node(data, environ, tmp_path):
+    """(the completed process, its MASTER_PORT) of NODE_RANK=0 of two nodes started alone, with --collective_timeout
+    10 (the least it allows): node 1 never starts."""
     port = free_port()
-    with started(tmp_path, ["bash", "launch/multinode.sh", *ARGS, "--collective_timeout", "10"], REPO,
-                 node_env(tmp_path, small_vocab_dir, port, 0)) as finished:
-        yield finished, port
+    return subprocess.run(["bash", "launch/multinode.sh", *ARGS, "--collective_timeout", "10"], cwd=REPO,
+                          env=node_env(tmp_path, data, port, 0, base=environ), capture_output=True, text=True,
+                          timeout=300, preexec_fn=default_signals), port
 
 
-def test_over_ssh_a_node_that_does_not_answer_is_one_line_within_ssh_timeout(unanswered_ssh):
+# Both spend their time waiting: started with the module's first test, they wait while the launches of two nodes use
+# the cores, and their tests read how they ended.
+unanswered_ssh_started, unanswered_ssh_check = started_early(unanswered_ssh, name="unanswered_ssh_check")
+never_joined_node_started, never_joined_node_run = started_early(never_joined_node, "small_vocab_dir",
+                                                                 name="never_joined_node_run")
+
+
+def test_over_ssh_a_node_that_does_not_answer_is_one_line_within_ssh_timeout(unanswered_ssh_check):
     """DeepSpeed's check asks the first node alone, with no time limit: a hostfile naming an unreachable address said
     nothing for 75 s and more. Each node is asked within SSH_TIMEOUT (2 s here, waited beside the launches above)."""
-    proc = unanswered_ssh(timeout=60)
+    proc = unanswered_ssh_check
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", (
         "error: HOSTFILE=nodes: node node2 is not reachable over ssh (no answer within 2 s, SSH_TIMEOUT): every node "
         "needs passwordless ssh from this one; or start one command per node with NODE_RANK (docs/multinode.md)\n"))
 
 
-def test_a_node_that_never_starts_is_named_in_one_line_after_the_collective_timeout(never_joined_node):
+def test_a_node_that_never_starts_is_named_in_one_line_after_the_collective_timeout(never_joined_node_run):
     """NODE_RANK=0 started alone, node1 never: torch's `DistStoreError: Timed out after 21 seconds waiting for clients.
     1/2 clients joined.` was a traceback. One line now, naming the node that did not join. Started with the module's
     first test: its launch and the 10 s that --collective_timeout allows at least pass beside the launches above."""
-    finished, port = never_joined_node
-    proc = finished(timeout=300)
+    proc, port = never_joined_node_run
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
         f"error: the process group did not form within 10 s (--collective_timeout): 1 of 2 ranks joined; not joined: "
