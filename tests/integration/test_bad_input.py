@@ -792,10 +792,10 @@ def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tm
 
 
 EARLIER_RUN = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
-               "--ds_config", "ds_configs/zero2_fp32.json", "--data", "{small_vocab_dir}"]
+               "--max_steps", "1", "--ds_config", "ds_configs/zero2_fp32.json", "--data", "{small_vocab_dir}"]
 
 
-@pytest.mark.two_rank_runs({"bad_input_earlier_run": two_rank_run(*EARLIER_RUN, "--max_steps", "1", ranks=1),
+@pytest.mark.two_rank_runs({"bad_input_earlier_run": two_rank_run(*EARLIER_RUN, ranks=1),
                             "bad_input_into_an_earlier_run": two_rank_run(
                                 *EARLIER_RUN, "--out_dir", "{runs}/bad_input_earlier_run")})
 def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(two_rank_runs):
