@@ -804,8 +804,9 @@ def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(two_rank_runs
     earlier, _ = succeeded(two_rank_runs["bad_input_earlier_run"])
     _, proc = two_rank_runs["bad_input_into_an_earlier_run"]
     out = out_dir_of(proc).parent / "bad_input_earlier_run"
-    ranks = [json.loads((out.parent / f"bad_input_into_an_earlier_run.rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [r["returncode"] for r in ranks] == [2, 2] and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    codes = [json.loads((out.parent / f"bad_input_into_an_earlier_run.rank{rank}.json").read_text())["returncode"]
+             for rank in (0, 1)]
+    assert codes == [2, 2] and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
         f"error: --out_dir {out} holds an earlier run (checkpoints up to step_00000000 and metrics.jsonl): continue it "
         f"with --resume auto, or start afresh with another --out_dir"]
