@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import train_ds
-from conftest import REPO, TINY, free_port, out_dir_of, plain_shell_env, two_rank_run
+from conftest import REPO, TINY, out_dir_of, plain_shell_env, read_metrics, succeeded, two_rank_run
 from gpt.runtime import accelerator
 from train_ds import parse
 from gpt.console import BadInput
@@ -120,21 +120,15 @@ def test_missing_data_dir(run_main, tmp_path):
            f"(make one with: python -m gpt.commands.prepare shakespeare --out_dir {missing})\n")
 
 
-@pytest.mark.slow
-def test_every_problem_is_reported_at_once_with_a_nonzero_exit(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "train_ds.py", "--ds_config", "nope.json", "--model", "tiny", "--seq_len", "512",
-         "--micro_batch", "3", "--data", str(tmp_path / "missing")],
-        cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
+def test_every_problem_is_reported_at_once_with_a_nonzero_exit(run_main, tmp_path):
+    """(The same as a process, whose exit status is main's: the plain-shell refusals below.)"""
+    assert run_main("--ds_config", "nope.json", "--seq_len", "512", "--micro_batch", "3",
+                    data=tmp_path / "missing") == (2, "\n".join([
         "error: nope.json: DeepSpeed config not found",
         "error: --seq_len 512 exceeds the model's block_size 256 (tiny)",
-        "error: --total_batch_tokens 524288 is not divisible by micro_batch x seq_len x world = 3 x 512 x 1 = 1536",
+        "error: --total_batch_tokens 1024 is not divisible by micro_batch x seq_len x world = 3 x 512 x 1 = 1536",
         f"error: {tmp_path / 'missing'}: data directory not found "
-        f"(make one with: python -m gpt.commands.prepare shakespeare --out_dir {tmp_path / 'missing'})",
-    ]
-    assert "step" not in proc.stdout  # nothing trained
+        f"(make one with: python -m gpt.commands.prepare shakespeare --out_dir {tmp_path / 'missing'})\n"]))
 
 
 def ds_json(tmp_path, **changes):
@@ -663,7 +657,7 @@ TWO_RANK_CASES = {
 @pytest.mark.parametrize("case", TWO_RANK_CASES)
 def test_two_ranks_say_it_once_and_exit_2(two_rank_runs, case):
     """Exit status 2, said once (by rank 0), nothing written. (The same through the deepspeed launcher, which
-    exits with a failed rank's status: test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir.)"""
+    exits with a failed rank's status: tests/integration/test_run_lock.py, a launch into a held out_dir.)"""
     _, proc = two_rank_runs[f"bad_input_{case}"]
     expected = TWO_RANK_CASES[case][1]
     output = proc.stdout + proc.stderr
@@ -797,22 +791,27 @@ def test_gpt_prepare_refuses_to_mix_corpora_and_other_inputs(shakespeare_dir, tm
     assert snapshot(data) == before
 
 
-@pytest.mark.slow
-def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(small_vocab_dir, tmp_path):
-    """The data-loss case on 2 ranks: said once, exit 2, the earlier run's files untouched."""
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "metrics.jsonl").write_text('{"step": 0, "loss": 10.9}\n')
-    before = snapshot(out)
-    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_ds.py",
-                           "--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
-                           "--ds_config", "ds_configs/zero2_fp32.json", "--data", str(small_vocab_dir),
-                           "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+EARLIER_RUN = ["--model", "tiny", "--seq_len", "64", "--micro_batch", "4", "--total_batch_tokens", "1024",
+               "--max_steps", "1", "--ds_config", "ds_configs/zero2_fp32.json", "--data", "{small_vocab_dir}"]
+
+
+@pytest.mark.two_rank_runs({"bad_input_earlier_run": two_rank_run(*EARLIER_RUN, ranks=1),
+                            "bad_input_into_an_earlier_run": two_rank_run(
+                                *EARLIER_RUN, "--out_dir", "{runs}/bad_input_earlier_run")})
+def test_two_ranks_refuse_a_fresh_run_into_an_earlier_runs_out_dir(two_rank_runs):
+    """The data-loss case on 2 ranks (an earlier run of one rank's out_dir, in the shared launch): said once, exit 2
+    on every rank, the earlier run's files untouched: none changed since the launch began."""
+    earlier, _ = succeeded(two_rank_runs["bad_input_earlier_run"])
+    _, proc = two_rank_runs["bad_input_into_an_earlier_run"]
+    out = out_dir_of(proc).parent / "bad_input_earlier_run"
+    codes = [json.loads((out.parent / f"bad_input_into_an_earlier_run.rank{rank}.json").read_text())["returncode"]
+             for rank in (0, 1)]
+    assert codes == [2, 2] and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error:" in line] == [
-        f"error: --out_dir {out} holds an earlier run (metrics.jsonl): continue it with --resume auto, or start "
-        f"afresh with another --out_dir"]
-    assert snapshot(out) == before
+        f"error: --out_dir {out} holds an earlier run (checkpoints up to step_00000000 and metrics.jsonl): continue it "
+        f"with --resume auto, or start afresh with another --out_dir"]
+    launched = (out.parent / "runs.json").stat().st_mtime_ns  # written as the launch began, after the earlier run
+    assert [p for p, mtime in snapshot(out).items() if mtime > launched] == [] and read_metrics(out) == earlier
 
 
 def test_unreadable_init_from_weights_are_one_line(small_vocab_dir, tmp_path):

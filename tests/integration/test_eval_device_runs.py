@@ -56,16 +56,25 @@ def test_gpt_sample_auto_is_cpu_without_cuda(trained_checkpoint, monkeypatch, ca
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without CUDA")
-@pytest.mark.parametrize("command", ["eval", "sample"])
-def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line(command):
+def test_device_cuda_without_cuda_in_a_plain_shell_is_one_line():
     """As a user runs it (DeepSpeed picking its accelerator, and saying so on stderr): exit 1, nothing on stdout,
     one error line, checked before any weights are read (the repository stands in for the checkpoint)."""
-    proc = subprocess.run([sys.executable, "-m", f"gpt.commands.{command}", "--checkpoint", str(REPO), "--device", "cuda",
-                           *(["--data", str(REPO), "--json"] if command == "eval" else [])], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=plain_shell_env())
+    proc = subprocess.run([sys.executable, "-m", "gpt.commands.eval", "--checkpoint", str(REPO), "--device", "cuda",
+                           "--data", str(REPO), "--json"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=plain_shell_env())
     assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line.lower() or "Traceback" in line] == [
         "error: --device cuda: torch sees no CUDA GPU here; use --device auto or cpu"]
+
+
+def test_gpt_sample_device_cuda_without_cuda_is_one_line(monkeypatch, capsys):
+    """gpt-sample's refusal is gpt-eval's (gpt.train.hf.choose_device; gpt-sample in a plain shell:
+    tests/integration/test_plain_shell_runs.py), also before any weights are read."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exited:
+        sample_main(["--checkpoint", str(REPO), "--device", "cuda"])
+    assert (exited.value.code, *capsys.readouterr()) == (
+        1, "", "error: --device cuda: torch sees no CUDA GPU here; use --device auto or cpu\n")
 
 
 @pytest.mark.slow

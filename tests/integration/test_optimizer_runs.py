@@ -1,16 +1,13 @@
 """The optimizer of ds_configs/: torch's fused AdamW through DeepSpeed (torch_adam), which needs no op built. Runs
 checkpointed with DeepSpeed's FusedAdam (the configs' optimizer before it) resume under it, on ZeRO 1 and 2, 1 and 2
-ranks, and through DeepSpeed's universal form on another world size; a cold 2-rank start in a new shell builds
-nothing and makes no shared-memory buffer."""
-import subprocess
-from pathlib import Path
-
+ranks, and through DeepSpeed's universal form on another world size. (That a cold 2-rank start in a new shell builds
+nothing and makes no shared-memory buffer: tests/integration/test_plain_shell_runs.py.)"""
 import torch
 
 import pytest
 
-from conftest import (FUSED_ADAM, RELATIVE_TOLERANCE, REPO, TINY, free_port, out_dir_of, plain_shell_env,
-                      saved_tensors, succeeded, train, two_rank_run, write_ds_config)
+from conftest import (FUSED_ADAM, RELATIVE_TOLERANCE, TINY, out_dir_of, saved_tensors, succeeded, train, two_rank_run,
+                      write_ds_config)
 
 # 6 steps of 512 tokens (1 rank x grad_accum 2, or 2 ranks x 1), saved after steps 2 and 5; the resume from step 2
 FLAGS = [*TINY, "--max_steps", "6", "--total_batch_tokens", "512", "--save_every", "3", "--keep_last", "5",
@@ -119,17 +116,3 @@ def test_a_two_rank_fused_adam_checkpoint_resumes_on_one_rank_through_the_univer
     assert sorted(resumed) == [3, 4, 5]
     assert largest_relative_difference(resumed, whole) < RELATIVE_TOLERANCE["fp32"]
 
-
-def test_a_cold_two_rank_start_in_a_new_shell_builds_no_op(tmp_path, small_vocab_dir):
-    """An empty extensions directory stays empty: no FusedAdam, no shared-memory allreduce (DeepSpeed builds that
-    one for its inference path alone: gpt/runtime/accelerator.py), and so no /dev/shm buffer either."""
-    extensions, port = tmp_path / "torch_extensions", free_port()
-    extensions.mkdir()
-    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(port), "train_ds.py", *TINY,
-                           "--max_steps", "2", "--total_batch_tokens", "512", "--data", str(small_vocab_dir),
-                           "--out_dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**plain_shell_env(), "TORCH_EXTENSIONS_DIR": str(extensions)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 rank(s)" in proc.stdout and "over AdamW" in proc.stdout
-    assert list(extensions.iterdir()) == []
-    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))

@@ -67,10 +67,12 @@ def test_a_second_preparation_into_a_directory_being_written_is_refused(tmp_path
 @pytest.mark.slow
 def test_ctrl_c_to_a_preparation_with_workers_is_one_line_and_a_rerun_finishes_the_same_shards(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) to `gpt-prepare --workers 2` printed
-    KeyboardInterrupt tracebacks from the main process and each worker. Sent once a train shard is complete."""
+    KeyboardInterrupt tracebacks from the main process and each worker. Sent once a train shard is complete: 1500
+    documents are 6 tasks of the workers' (gpt.data.prepare.DOCUMENTS_PER_TASK) and ~580 shards, of which the
+    first task's output holds the first ~90, so that the preparation is still at work when the signal lands."""
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"Line {i} of a long and plain document. " * 40}) + "\n"
-                              for i in range(4000)))
+                              for i in range(1500)))
     argv = [sys.executable, "-m", "gpt.commands.prepare", "files", str(corpus), "--workers", "2", "--val_tokens",
             "1000", "--shard_tokens", "1000"]
     interrupted, whole = tmp_path / "interrupted", tmp_path / "whole"

@@ -13,6 +13,7 @@ from pathlib import Path
 import engine_memory
 import probe_ranks
 import train_ds
+from gpt import console
 from in_process import run_main
 
 MAINS = {"train_ds.py": train_ds.main, "probe_ranks.py": probe_ranks.main, "engine_memory.py": engine_memory.main}
@@ -21,6 +22,9 @@ MAINS = {"train_ds.py": train_ds.main, "probe_ranks.py": probe_ranks.main, "engi
 def main():
     runs_path = Path(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))  # the launcher adds it
     rank = int(os.environ["RANK"])
+    # A rank that leaves a refusal's line to rank 0 waits for the launcher to end it (gpt.console.exit_with); no
+    # launcher ends a rank between these runs: it goes on to the next run at once.
+    console.SILENT_RANK_WAIT_S = 0.0
     for name, (script, argv) in json.loads(runs_path.read_text()).items():
         started = time.perf_counter()
         code, stdout, stderr = run_main(argv, MAINS[Path(script).name])
