@@ -95,6 +95,17 @@ def test_the_trainer_leaves_its_process_group_when_the_run_ends(plain_shell_laun
 
 
 @pytest.mark.slow
+def test_one_process_without_a_launcher_trains_in_a_plain_shell(tmp_path, small_vocab_dir):
+    """`python train_ds.py` (README's one-process form): one rank, DeepSpeed's own choice of device, one step."""
+    proc = run("train_ds.py", "--model", "tiny", "--seq_len", "64", "--micro_batch", "2", "--total_batch_tokens", "128",
+               "--max_steps", "1", "--data", str(small_vocab_dir), "--out_dir", str(tmp_path / "run"), "--val_every",
+               "0", "--sample_every", "0", "--vocab_size", str(SMALL_VOCAB))
+    assert "Setting accelerator to CPU" in proc.stderr
+    assert "1 rank(s) x micro_batch 2 x seq_len 64 x grad_accum 1 = 128 tokens/step" in proc.stdout
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [0]
+
+
+@pytest.mark.slow
 def test_sample_and_export_in_a_plain_shell(tmp_path, trained_checkpoint, capsys):
     """gpt-sample and gpt-export on the session's trained checkpoint (GPT-2's vocabulary, which they need; a bf16
     checkpoint's weights for them: test_universal.py). A fresh gpt-sample process samples the text that gpt-sample
