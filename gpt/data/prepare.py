@@ -22,6 +22,7 @@ import sys
 import tarfile
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import closing
 from itertools import islice
 from pathlib import Path
 
@@ -268,8 +269,9 @@ def tokenized(documents, workers):
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException:  # waits for the tasks running (a task's worth): a shutdown without waiting left the
+            # pool's manager thread closing its pipe while the interpreter's exit woke it ("Bad file descriptor")
+            pool.shutdown(wait=True, cancel_futures=True)
             raise
 
 
@@ -350,8 +352,10 @@ def write_shards(corpus, out_dir, name, shard_tokens, val_tokens, workers, setti
                   f"({writer.progress['documents']:,} documents)")
             documents = islice(documents, writer.progress["documents"], None)
         carry = writer.progress["carry"]
-        with tqdm(unit="tok", unit_scale=True, desc=name, disable=None) as progress:
-            for tokens, lengths in tokenized(documents, workers):
+        # closing: a Ctrl-C in this loop shuts the workers' pool down here, not during the interpreter's exit
+        with tqdm(unit="tok", unit_scale=True, desc=name, disable=None) as progress, \
+                closing(tokenized(documents, workers)) as batches:
+            for tokens, lengths in batches:
                 if carry:  # the first document was partly written before the interruption
                     tokens, lengths = tokens[carry:], np.concatenate([[lengths[0] - carry], lengths[1:]])
                     carry = 0

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -92,3 +93,22 @@ def test_ctrl_c_to_a_preparation_with_workers_is_one_line_and_a_rerun_finishes_t
     shards = sorted(p.name for p in whole.glob("*.bin"))
     assert sorted(p.name for p in interrupted.glob("*.bin")) == shards
     assert all((interrupted / name).read_bytes() == (whole / name).read_bytes() for name in shards)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["waiting for a task", "in the caller's loop"])
+def test_a_ctrl_c_shuts_the_workers_pool_down_before_it_propagates(where):
+    """No pool thread outlives the KeyboardInterrupt: one still closing its pipe when the interpreter's exit woke it
+    printed "Exception ignored ... Bad file descriptor" after gpt-prepare's one line (a race, seen in the drill above)."""
+    from concurrent.futures.process import _ExecutorManagerThread
+    from contextlib import closing
+    from gpt.data.prepare import DOCUMENTS_PER_TASK, tokenized
+
+    documents = iter(["To be, or not to be."] * (8 * DOCUMENTS_PER_TASK))
+    with pytest.raises(KeyboardInterrupt):
+        with closing(tokenized(documents, workers=2)) as batches:
+            next(batches)
+            if where == "waiting for a task":
+                batches.throw(KeyboardInterrupt)
+            raise KeyboardInterrupt
+    assert not [t for t in threading.enumerate() if isinstance(t, _ExecutorManagerThread)]
