@@ -40,6 +40,8 @@ def plain_pytorch_losses(data_dir):
 
 @pytest.mark.slow
 def test_deepspeed_matches_plain_pytorch_adamw(tmp_path, small_vocab_dir):
+    """Over 15 s where it is the suite's first integration test: its set-up is the session's (the Shakespeare shards
+    in 512 ids, the shared 2-rank launch's one-rank legs, run in this process before that launch starts)."""
     config = write_ds_config(tmp_path / "zero0.json", stage=0, precision="fp32")
     records, _ = train(tmp_path / "run", small_vocab_dir, *TINY, "--ds_config", config, "--max_steps", str(STEPS),
                        "--lr", str(LR), "--total_batch_tokens", str(MICRO * SEQ * ACCUM))

@@ -58,7 +58,8 @@ def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, 
     """Rank 0 alone takes the lock, after the other ranks passed every check (tests/integration/lock_race.py), on two
     nodes (two launchers of one rank each, as tests/integration/test_multinode.py runs them): node 1's launcher is not
     killed with node 0's, so its rank ends by itself, at once, rather than at the collective timeout (120 s
-    here). Both exit 2, the refusal said once."""
+    here). Both exit 2, the refusal said once. ~7 s here, ~12 s on a 2-core AVX2 EPYC: two launchers and their
+    ranks, each importing torch and DeepSpeed."""
     out = tmp_path / "out"
     (tmp_path / "hostfile").write_text("node0 slots=1\nnode1 slots=1\n")
     port = free_port()
@@ -86,7 +87,8 @@ def test_every_node_ends_at_once_when_only_rank_0_finds_the_lock_held(tmp_path, 
 @pytest.mark.slow
 def test_a_two_rank_launch_into_a_held_out_dir_ends_every_rank_at_once(tmp_path, small_vocab_dir):
     """A `deepspeed --num_gpus 2` launch into an --out_dir a live run holds (this process, as the test above
-    checks a run does): its ranks all end at once, exit 2, the refusal said once; the holder keeps the lock."""
+    checks a run does): its ranks all end at once, exit 2, the refusal said once; the holder keeps the lock. ~9 s
+    here, ~14 s on a 2-core AVX2 EPYC: the launch is the point (its 4 processes each import torch and DeepSpeed)."""
     out = tmp_path / "out"
     held = run_lock.acquire(out)
     try:
